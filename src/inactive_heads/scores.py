@@ -1,0 +1,192 @@
+"""Score functions: the registry, the per-layer statistics they read, and the container of recorded scores.
+
+A score function maps the statistics of one attention layer for one batch (:class:`LayerStats`, every field a
+float32 ``[batch, n_heads]`` tensor) to a ``[batch, n_heads]`` score. Adding one is one decorated function::
+
+    @register_score("my_score", label="Mine", inactive_when="below", needs={"ahon"})
+    def my_score(s: LayerStats) -> torch.Tensor:
+        return s.ahon ** 2
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+import torch
+from safetensors.torch import load_file
+
+__all__ = [
+    "RAW_STATS",
+    "SCORE_FUNCTIONS",
+    "HeadScores",
+    "LayerStats",
+    "ScoreSpec",
+    "register_score",
+]
+
+InactiveWhen = Literal["above", "below"]
+
+#: Raw per-head statistics the attention seam can compute; a score declares which ones it reads.
+RAW_STATS = ("awft", "aeqd", "ftvvn", "avvn", "lthon", "ahon", "fhon", "random")
+
+
+@dataclass
+class LayerStats:
+    """Raw statistics of one layer for one batch; each field is float32 ``[batch, n_heads]`` (or None if not needed).
+
+    awft: mean over real queries of the weight on the first real key. aeqd: mean natural-log entropy of the
+    query distributions. ftvvn: norm of the first real key's value vector. avvn: mean value norm over real keys.
+    lthon: norm of the last real query's head output. ahon: mean head-output norm. fhon: mean norm of the head's
+    output after its slice of the output projection. random: uniform [0, 1) draws.
+    """
+
+    awft: torch.Tensor | None = None
+    aeqd: torch.Tensor | None = None
+    ftvvn: torch.Tensor | None = None
+    avvn: torch.Tensor | None = None
+    lthon: torch.Tensor | None = None
+    ahon: torch.Tensor | None = None
+    fhon: torch.Tensor | None = None
+    random: torch.Tensor | None = None
+
+
+@dataclass(frozen=True)
+class ScoreSpec:
+    """A registered score function. ``inactive_when`` says on which side of the threshold a head is inactive."""
+
+    name: str
+    label: str
+    inactive_when: InactiveWhen
+    fn: Callable[[LayerStats], torch.Tensor] = field(repr=False)
+    needs: frozenset[str] = frozenset(RAW_STATS)
+
+    def __call__(self, stats: LayerStats) -> torch.Tensor:
+        return self.fn(stats)
+
+    def passes(self, score: torch.Tensor, threshold: float) -> torch.Tensor:
+        """Boolean mask of heads that are inactive (to be zeroed) at ``threshold``."""
+        return score > threshold if self.inactive_when == "above" else score < threshold
+
+
+SCORE_FUNCTIONS: dict[str, ScoreSpec] = {}
+
+
+def register_score(
+    name: str, *, label: str | None = None, inactive_when: InactiveWhen = "below", needs: Iterable[str] | None = None
+) -> Callable[[Callable[[LayerStats], torch.Tensor]], Callable[[LayerStats], torch.Tensor]]:
+    """Decorator registering ``fn(stats: LayerStats) -> Tensor[batch, n_heads]`` under ``name``.
+
+    ``needs`` lists the raw statistics it reads (default: all), so a zeroing run computes only those.
+    """
+    if inactive_when not in ("above", "below"):
+        raise ValueError(f"inactive_when must be 'above' or 'below', got {inactive_when!r}")
+    need_set = frozenset(RAW_STATS if needs is None else needs)
+    unknown = need_set - set(RAW_STATS)
+    if unknown:
+        raise ValueError(f"unknown raw statistics {sorted(unknown)}; choose from {RAW_STATS}")
+
+    def decorate(fn: Callable[[LayerStats], torch.Tensor]) -> Callable[[LayerStats], torch.Tensor]:
+        SCORE_FUNCTIONS[name] = ScoreSpec(name, label or name, inactive_when, fn, need_set)
+        return fn
+
+    return decorate
+
+
+def _layer_norm(x: torch.Tensor, ref: torch.Tensor | None = None) -> torch.Tensor:
+    # "LN" in the paper: divide by the mean over all query heads of the layer, for the same row.
+    ref = x if ref is None else ref
+    return x / ref.mean(dim=-1, keepdim=True)
+
+
+def _register_raw_and_ln(name: str, label: str, inactive_when: InactiveWhen) -> None:
+    register_score(name, label=label, inactive_when=inactive_when, needs={name})(lambda s: getattr(s, name))
+    register_score(f"{name}_ln", label=f"{label} (LN)", inactive_when=inactive_when, needs={name})(
+        lambda s: _layer_norm(getattr(s, name))
+    )
+
+
+_register_raw_and_ln("awft", "AWFT", "above")
+_register_raw_and_ln("aeqd", "AEQD", "below")
+_register_raw_and_ln("ftvvn", "FTVVN", "below")
+_register_raw_and_ln("avvn", "AVVN", "below")
+_register_raw_and_ln("lthon", "LTHON", "below")
+_register_raw_and_ln("ahon", "AHON", "below")
+_register_raw_and_ln("fhon", "FHON", "below")
+register_score("lthon_ln", label="LTHON (LN)", needs={"lthon", "ahon"})(lambda s: _layer_norm(s.lthon, s.ahon))
+register_score("lthon_hn", label="LTHON (HN)", needs={"lthon", "ahon"})(lambda s: s.lthon / s.ahon)
+register_score("random", label="Random", needs={"random"})(lambda s: s.random)
+
+
+class HeadScores(Mapping[str, torch.Tensor]):
+    """Recorded scores: ``scores[name]`` is float32 ``[rows, n_layers, n_heads]``; ``meta`` is free JSON metadata."""
+
+    def __init__(self, tensors: Mapping[str, torch.Tensor], meta: Mapping[str, object] | None = None):
+        shapes = {tuple(t.shape) for t in tensors.values()}
+        if len(shapes) > 1:
+            raise ValueError(f"all scores must share one [rows, layers, heads] shape, got {sorted(shapes)}")
+        self._tensors = {k: v.to(torch.float32) for k, v in tensors.items()}
+        self.meta: dict[str, object] = dict(meta or {})
+
+    def __getitem__(self, name: str) -> torch.Tensor:
+        try:
+            return self._tensors[name]
+        except KeyError:
+            raise KeyError(f"no score {name!r} recorded; available: {self.names}") from None
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._tensors)
+
+    def __len__(self) -> int:
+        return len(self._tensors)
+
+    @property
+    def names(self) -> list[str]:
+        return list(self._tensors)
+
+    @property
+    def shape(self) -> tuple[int, int, int]:
+        """``(rows, n_layers, n_heads)``."""
+        return tuple(next(iter(self._tensors.values())).shape) if self._tensors else (0, 0, 0)  # type: ignore[return-value]
+
+    def select(self, rows: torch.Tensor | list[int]) -> HeadScores:
+        """The subset of rows ``rows`` (indices or a boolean mask), in that order."""
+        index = torch.as_tensor(rows)
+        return HeadScores({k: v[index] for k, v in self._tensors.items()}, self.meta)
+
+    @staticmethod
+    def concat(parts: Iterable[HeadScores]) -> HeadScores:
+        """Rows of ``parts`` stacked in order (same score names)."""
+        parts = list(parts)
+        if not parts:
+            raise ValueError("nothing to concatenate")
+        names = parts[0].names
+        return HeadScores({n: torch.cat([p[n] for p in parts]) for n in names}, parts[0].meta)
+
+    def save(self, path: str | Path) -> None:
+        """Write ``path`` (safetensors, metadata inside) atomically."""
+        from safetensors.torch import save
+
+        from .store import atomic_write_bytes
+
+        blob = save({k: v.contiguous() for k, v in self._tensors.items()}, {"meta": json.dumps(self.meta)})
+        atomic_write_bytes(Path(path), blob)
+
+    @classmethod
+    def load(cls, path: str | Path) -> HeadScores:
+        from safetensors import safe_open
+
+        path = Path(path)
+        if not path.is_file():
+            raise FileNotFoundError(f"no scores file at {path}; record one with ih.record_scores(...).save(path)")
+        with safe_open(str(path), "pt") as f:
+            meta = json.loads((f.metadata() or {}).get("meta", "{}"))
+        return cls(load_file(str(path)), meta)
+
+    def __repr__(self) -> str:
+        rows, layers, heads = self.shape
+        return f"HeadScores(rows={rows}, layers={layers}, heads={heads}, names={self.names})"
+
