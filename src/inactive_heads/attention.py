@@ -121,6 +121,11 @@ def _chunked_eager(
     return torch.cat(outs, 2), torch.cat(ents, 2), torch.cat(firsts, 2)
 
 
+def _can_fuse(query: torch.Tensor, softcap: float | None) -> bool:
+    # The log-sum-exp identities assume plain softmax(q.k * scale + mask); softcapping breaks them.
+    return query.device.type == "cpu" and softcap is None
+
+
 def attention_with_stats(
     query: torch.Tensor,
     key: torch.Tensor,
@@ -148,7 +153,7 @@ def attention_with_stats(
 
     want_probs = bool(needs & {"awft", "aeqd"})
     entropy = first_w = None
-    if query.device.type == "cpu" and softcap is None:
+    if _can_fuse(query, softcap):
         out, lse, ak = _fused(q.contiguous(), k.contiguous(), v.contiguous(), mask, scale, "aeqd" in needs)
         if "aeqd" in needs:
             entropy = lse - scale * (q * ak).sum(-1)

@@ -1,0 +1,398 @@
+"""The seam into transformers: one registered attention function that records scores and zeroes heads.
+
+Every supported model routes attention through ``transformers.AttentionInterface``. :func:`watch` switches the
+model to the function registered here for the duration of a ``with`` block and restores the model's own
+implementation on exit, also after an exception. Inside, each attention call computes the statistics the active
+score functions need (see :mod:`inactive_heads.attention`), evaluates the zeroing policy on them for *this* input
+and *this* layer, and zeroes heads before the output projection, so later layers see the intervention.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import zlib
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+
+import torch
+from transformers import AttentionInterface, PreTrainedModel
+from transformers.masking_utils import AttentionMaskInterface, eager_mask
+from transformers.pytorch_utils import Conv1D
+
+from .attention import attention_with_stats
+from .scores import RAW_STATS, SCORE_FUNCTIONS, HeadScores, LayerStats
+
+__all__ = ["Policy", "Watch", "record_scores", "watch", "zero_heads"]
+
+IMPLEMENTATION = "inactive_heads"
+_OUTPUT_PROJECTIONS = ("o_proj", "c_proj", "out_proj", "dense", "wo")
+_SESSIONS: dict[int, _Session] = {}  # id(attention module) -> the watch it belongs to
+
+
+@dataclass(frozen=True)
+class Policy:
+    """Which heads to zero: dynamically by ``score``/``threshold`` per input and layer, or by a static ``mask``.
+
+    ``score="random"`` draws uniform scores in [0, 1) from ``seed``; a head is zeroed when its score passes the
+    threshold on the side given by the score function's ``inactive_when``.
+    """
+
+    score: str | None = None
+    threshold: float | None = None
+    mask: torch.Tensor | None = None
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if (self.mask is None) == (self.score is None):
+            raise ValueError("give either score= and threshold= (dynamic zeroing) or mask= (static), not both")
+        if self.score is not None:
+            if self.score not in SCORE_FUNCTIONS:
+                raise ValueError(f"unknown score {self.score!r}; registered: {sorted(SCORE_FUNCTIONS)}")
+            if self.threshold is None:
+                raise ValueError(f"score={self.score!r} needs threshold=")
+        if self.mask is not None and (self.mask.dtype != torch.bool or self.mask.dim() != 2):
+            raise ValueError(f"mask must be a bool tensor [n_layers, n_heads], got {self.mask.dtype} {tuple(self.mask.shape)}")
+
+    @property
+    def needs(self) -> frozenset[str]:
+        return SCORE_FUNCTIONS[self.score].needs if self.score is not None else frozenset()
+
+
+def _register() -> None:
+    AttentionInterface.register(IMPLEMENTATION, _attention)
+    # Without a registered mask function transformers passes no mask at all, and causal masking would vanish.
+    AttentionMaskInterface.register(IMPLEMENTATION, eager_mask)
+
+
+def _attention(
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    scaling: float | None = None,
+    dropout: float = 0.0,
+    **kwargs: object,
+) -> tuple[torch.Tensor, None]:
+    session = _SESSIONS.get(id(module))
+    if kwargs.get("s_aux") is not None:
+        raise NotImplementedError(
+            f"{type(module).__name__} uses attention sinks (s_aux); inactive-heads does not support them yet"
+        )
+    scale = query.shape[-1] ** -0.5 if scaling is None else float(scaling)
+    softcap = kwargs.get("softcap")
+    if session is None:  # the model was left on this implementation outside a watch: plain attention
+        out, _, _ = attention_with_stats(query, key, value, attention_mask, scale=scale, needs=frozenset(),
+                                         softcap=softcap)
+        return out.to(query.dtype).transpose(1, 2).contiguous(), None
+    return session.attend(module, query, key, value, attention_mask, scale, softcap), None
+
+
+class _Session:
+    """State of one :func:`watch` block: per-layer buffers of the current forward, and finished forwards."""
+
+    def __init__(self, layers: dict[int, int], n_heads: int, policy: Policy | None, record: bool, seed: int):
+        self.layers = layers  # id(attention module) -> layer index
+        self.n_layers = len(layers)
+        self.n_heads = n_heads
+        self.policy = policy
+        self.record = record
+        self.seed = seed
+        self.needs = (frozenset(RAW_STATS) if record else frozenset()) | (policy.needs if policy else frozenset())
+        self.grams: dict[int, torch.Tensor] = {}
+        self.rows_seen = 0
+        self._step: dict[int, tuple[dict[str, torch.Tensor], torch.Tensor | None]] = {}
+        self._scores: list[dict[str, torch.Tensor]] = []
+        self._zeroed: list[torch.Tensor] = []
+        if policy is not None and policy.mask is not None and tuple(policy.mask.shape) != (self.n_layers, n_heads):
+            raise ValueError(
+                f"mask has shape {tuple(policy.mask.shape)} but the model has {self.n_layers} layers x {n_heads} heads"
+            )
+
+    def attend(
+        self,
+        module: torch.nn.Module,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        mask: torch.Tensor | None,
+        scale: float,
+        softcap: float | None,
+    ) -> torch.Tensor:
+        layer = self.layers[id(module)]
+        if layer in self._step:  # a layer seen twice means a new forward started
+            self.flush()
+        batch = query.shape[0]
+        if query.shape[1] != self.n_heads:
+            raise ValueError(f"layer {layer} has {query.shape[1]} query heads, expected {self.n_heads}")
+        needs = self.needs - {"random"}
+        gram = self._gram(module, query.shape[1], value.shape[-1], value.device) if "fhon" in needs else None
+        out, stats, rows = attention_with_stats(
+            query, key, value, mask, scale=scale, needs=needs, softcap=softcap, gram=gram
+        )
+        if "random" in self.needs:
+            stats.random = self._random(layer, batch)
+        self._check_finite(stats, rows.real_q.any(1), layer, query.dtype)
+
+        zero = None
+        if self.policy is not None:
+            if self.policy.mask is not None:
+                zero = self.policy.mask[layer].to(out.device).expand(batch, -1)
+            else:
+                spec = SCORE_FUNCTIONS[self.policy.score]
+                zero = spec.passes(spec(stats), self.policy.threshold)
+            # Zeroing o before the output projection; the projection's bias, if any, stays.
+            out = out * (~zero).to(out.dtype)[:, :, None, None]
+        recorded = {}
+        if self.record:
+            recorded = {name: spec(stats).float().cpu() for name, spec in SCORE_FUNCTIONS.items()}
+        self._step[layer] = (recorded, None if zero is None else zero.cpu())
+        if len(self._step) == self.n_layers:
+            self.flush()
+        return out.to(query.dtype).transpose(1, 2).contiguous()
+
+    def flush(self) -> None:
+        """Close the current forward: stack its layers into [rows, layers, heads]."""
+        if not self._step:
+            return
+        if len(self._step) != self.n_layers:
+            missing = sorted(set(range(self.n_layers)) - set(self._step))
+            self._step.clear()
+            raise RuntimeError(f"a forward pass skipped attention layers {missing}; cannot attribute its scores")
+        ordered = [self._step[i] for i in range(self.n_layers)]
+        batch = next(iter(ordered[0][0].values())).shape[0] if self.record else None
+        if self.record:
+            self._scores.append({n: torch.stack([rec[n] for rec, _ in ordered], 1) for n in ordered[0][0]})
+        if self.policy is not None:
+            self._zeroed.append(torch.stack([z for _, z in ordered], 1))
+            batch = self._zeroed[-1].shape[0]
+        self.rows_seen += batch or 0
+        self._step.clear()
+
+    def _random(self, layer: int, batch: int) -> torch.Tensor:
+        # One generator per (seed, row, layer): a row's draws do not depend on how rows were batched.
+        draws = []
+        for row in range(self.rows_seen, self.rows_seen + batch):
+            gen = torch.Generator().manual_seed(zlib.crc32(f"{self.seed}/{row}/{layer}".encode()))
+            draws.append(torch.rand(self.n_heads, generator=gen))
+        return torch.stack(draws)
+
+    def _gram(self, module: torch.nn.Module, heads: int, head_dim: int, device: torch.device) -> torch.Tensor:
+        key = id(module)
+        if key not in self.grams:
+            weight = _output_projection(module, heads * head_dim)  # [d_model, H*D]
+            per_head = weight.detach().to(torch.float32).reshape(weight.shape[0], heads, head_dim)
+            self.grams[key] = torch.einsum("mhd,mhe->hde", per_head, per_head).to(device)
+        return self.grams[key]
+
+    @staticmethod
+    def _check_finite(stats: LayerStats, real_rows: torch.Tensor, layer: int, dtype: torch.dtype) -> None:
+        for name in RAW_STATS:
+            value = getattr(stats, name)
+            if value is not None and not torch.isfinite(value[real_rows.to(value.device)]).all():
+                raise FloatingPointError(
+                    f"non-finite {name} statistic in attention layer {layer} (model dtype {dtype}); "
+                    "load the model with dtype=torch.float32"
+                )
+
+    def zeroed(self) -> torch.Tensor | None:
+        self.flush()
+        if self.policy is None:
+            return None
+        if not self._zeroed:
+            return torch.zeros(0, self.n_layers, self.n_heads, dtype=torch.bool)
+        return torch.cat(self._zeroed)
+
+    def scores(self) -> HeadScores | None:
+        self.flush()
+        if not self.record:
+            return None
+        if not self._scores:
+            shape = (0, self.n_layers, self.n_heads)
+            return HeadScores({n: torch.zeros(shape) for n in SCORE_FUNCTIONS})
+        return HeadScores({n: torch.cat([s[n] for s in self._scores]) for n in self._scores[0]})
+
+
+def _output_projection(module: torch.nn.Module, in_features: int) -> torch.Tensor:
+    """The output projection's weight as [d_model, H*D], whatever the layer type (Linear, GPT-2 Conv1D)."""
+    for name in _OUTPUT_PROJECTIONS:
+        proj = getattr(module, name, None)
+        weight = getattr(proj, "weight", None)
+        if isinstance(weight, torch.Tensor) and weight.dim() == 2:
+            if isinstance(proj, Conv1D):  # GPT-2 style: weight is stored [in, out]
+                weight = weight.T
+            if weight.shape[1] == in_features:
+                return weight
+    raise ValueError(
+        f"cannot find the output projection of {type(module).__name__} (looked for {_OUTPUT_PROJECTIONS} with "
+        f"{in_features} input features); fhon scores are unavailable for this architecture"
+    )
+
+
+def _attention_modules(model: torch.nn.Module) -> dict[int, int]:
+    layers: dict[int, int] = {}
+    for module in model.modules():
+        idx = getattr(module, "layer_idx", None)
+        if isinstance(idx, int) and hasattr(module, "config") and any(
+            hasattr(module, p) for p in (*_OUTPUT_PROJECTIONS, "q_proj", "c_attn", "qkv_proj")
+        ):
+            layers[id(module)] = idx
+    if sorted(layers.values()) != list(range(len(layers))) or not layers:
+        raise ValueError(
+            f"{type(model).__name__}: could not identify one attention module per layer (found layer indices "
+            f"{sorted(layers.values())}); inactive-heads supports transformers models built on AttentionInterface"
+        )
+    return layers
+
+
+def _configs(model: PreTrainedModel) -> list:
+    seen, out = set(), []
+    for module in model.modules():
+        config = getattr(module, "config", None)
+        if isinstance(module, PreTrainedModel) and id(config) not in seen:
+            seen.add(id(config))
+            out.append(config)
+            for key in getattr(config, "sub_configs", {}):
+                sub = getattr(config, key, None)
+                if sub is not None and id(sub) not in seen:
+                    seen.add(id(sub))
+                    out.append(sub)
+    return out
+
+
+def _n_heads(model: PreTrainedModel) -> int:
+    config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+    for attr in ("num_attention_heads", "n_head", "num_heads"):
+        if isinstance(getattr(config, attr, None), int):
+            return getattr(config, attr)
+    raise ValueError(f"cannot read the number of attention heads from {type(config).__name__}")
+
+
+class Watch:
+    """Handle returned by :func:`watch` / :func:`zero_heads`; readable during and after the block."""
+
+    def __init__(self, session: _Session):
+        self._session = session
+
+    @property
+    def zeroed(self) -> torch.Tensor | None:
+        """bool [rows_seen, n_layers, n_heads]: which heads were zeroed on each row (forward-call order)."""
+        return self._session.zeroed()
+
+    @property
+    def fraction_zeroed(self) -> float:
+        """Fraction of (row, layer, head) triples zeroed; 0.0 without a policy or rows."""
+        zeroed = self.zeroed
+        return float(zeroed.float().mean()) if zeroed is not None and zeroed.numel() else 0.0
+
+    @property
+    def scores(self) -> HeadScores | None:
+        """Every registered score of every row seen, [rows_seen, n_layers, n_heads] each (when ``record=True``)."""
+        return self._session.scores()
+
+    @property
+    def rows_seen(self) -> int:
+        self._session.flush()
+        return self._session.rows_seen
+
+
+@contextlib.contextmanager
+def watch(
+    model: PreTrainedModel, policy: Policy | None = None, *, record: bool = False
+) -> Iterator[Watch]:
+    """Within the block, every forward of ``model`` records all scores (``record``) and/or applies ``policy``.
+
+    The model's attention implementation is restored on exit. With ``record=True`` under a policy, the scores are
+    those of the intervened forward.
+    """
+    if not isinstance(model, PreTrainedModel):
+        raise TypeError(f"expected a transformers PreTrainedModel, got {type(model).__name__}")
+    if not model._can_set_attn_implementation():
+        raise NotImplementedError(
+            f"{type(model).__name__} does not route attention through transformers' AttentionInterface, "
+            "so inactive-heads cannot hook it"
+        )
+    if model.training:
+        raise ValueError("model is in training mode (dropout would randomise scores); call model.eval() first")
+    layers = _attention_modules(model)
+    if any(i in _SESSIONS for i in layers):
+        raise RuntimeError("this model is already inside a watch/zero_heads block; nesting is not supported")
+    session = _Session(layers, _n_heads(model), policy, record, policy.seed if policy else 0)
+    configs = _configs(model)
+    saved = [(c, c._attn_implementation_internal) for c in configs]
+    try:
+        model.set_attn_implementation(IMPLEMENTATION)
+        for c in configs:  # set_attn_implementation skips some sub-configs; the mask function reads each one
+            c._attn_implementation_internal = IMPLEMENTATION
+        _SESSIONS.update(dict.fromkeys(layers, session))
+        yield Watch(session)
+        session.flush()
+    finally:
+        for i in layers:
+            _SESSIONS.pop(i, None)
+        for c, impl in saved:
+            c._attn_implementation_internal = impl
+
+
+def zero_heads(
+    model: PreTrainedModel,
+    *,
+    score: str | None = None,
+    threshold: float | None = None,
+    mask: torch.Tensor | None = None,
+    seed: int = 0,
+) -> contextlib.AbstractContextManager[Watch]:
+    """Zero heads during the block: per input and layer by ``score``/``threshold``, or statically by ``mask``."""
+    return watch(model, Policy(score=score, threshold=threshold, mask=mask, seed=seed))
+
+
+@torch.no_grad()
+def record_scores(
+    model: PreTrainedModel,
+    tokenizer,
+    texts: Sequence[str],
+    batch_size: int = 8,
+    *,
+    max_length: int | None = None,
+) -> HeadScores:
+    """All registered scores of each text, float32 [len(texts), n_layers, n_heads], rows in the order of ``texts``."""
+    if isinstance(texts, str):
+        raise TypeError("texts must be a sequence of strings, not one string; wrap it in a list")
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    ids = [tokenizer(t, add_special_tokens=True)["input_ids"] for t in texts]
+    if max_length is not None:
+        ids = [x[:max_length] for x in ids]
+    if any(len(x) == 0 for x in ids):
+        raise ValueError("an input tokenised to zero tokens; remove empty texts")
+    # Longest first, so padding is small and the first batch shows whether memory suffices.
+    order = sorted(range(len(ids)), key=lambda i: -len(ids[i]))
+    device = model.get_input_embeddings().weight.device
+    parts = []
+    with watch(model, record=True) as w:
+        for start in range(0, len(order), batch_size):
+            chunk = [ids[i] for i in order[start : start + batch_size]]
+            input_ids, attention_mask = pad_right(chunk, device=device)
+            model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False)
+        parts = w.scores
+    inverse = torch.empty(len(order), dtype=torch.long)
+    inverse[torch.tensor(order, dtype=torch.long)] = torch.arange(len(order))
+    result = parts.select(inverse)
+    result.meta = {"n_texts": len(texts), "max_length": max_length}
+    return result
+
+
+def pad_right(
+    sequences: Sequence[Sequence[int]], *, pad_id: int = 0, device: torch.device | str = "cpu"
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Right-pad token id lists into input_ids [B, S] and attention_mask [B, S] (real tokens keep positions 0..n-1)."""
+    width = max(len(s) for s in sequences)
+    input_ids = torch.full((len(sequences), width), pad_id, dtype=torch.long)
+    attention_mask = torch.zeros((len(sequences), width), dtype=torch.long)
+    for row, seq in enumerate(sequences):
+        input_ids[row, : len(seq)] = torch.as_tensor(list(seq), dtype=torch.long)
+        attention_mask[row, : len(seq)] = 1
+    return input_ids.to(device), attention_mask.to(device)
+
+
+_register()

@@ -1,0 +1,135 @@
+"""File loading helpers shared by the task modules: every problem becomes a :class:`DataError` naming file and row."""
+
+from __future__ import annotations
+
+import csv
+import importlib.util
+import json
+import os
+from collections.abc import Callable, Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+__all__ = ["DATA_ENV", "DataError"]
+
+#: Environment variable naming the default data directory (layout of ``../shared/data``).
+DATA_ENV = "INACTIVE_HEADS_DATA"
+
+
+class DataError(ValueError):
+    """A benchmark file is missing or malformed; the message names the file, the row and the fix."""
+
+
+def resolve_dir(data_dir: str | Path | None, dataset: str) -> Path:
+    """``<data_dir>/<dataset>``; ``data_dir`` defaults to ``$INACTIVE_HEADS_DATA``."""
+    if data_dir is None:
+        env = os.environ.get(DATA_ENV)
+        if not env:
+            raise DataError(
+                f"no data directory for {dataset!r}: pass data_dir=... (a folder laid out like ../shared/data, "
+                f"containing {dataset}/) or set ${DATA_ENV}; or use source='hub' where the HF hub is reachable"
+            )
+        data_dir = env
+    root = Path(data_dir).expanduser()
+    folder = root / dataset
+    if not folder.is_dir():
+        raise DataError(f"{folder} does not exist: data_dir={str(root)!r} must contain a {dataset}/ folder")
+    return folder
+
+
+def require(path: Path, what: str) -> Path:
+    """``path`` if it is a file, else a DataError saying what the file should hold."""
+    if not path.is_file():
+        raise DataError(f"missing file {path}: expected {what}")
+    return path
+
+
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    """Rows of a JSON-lines file (blank lines skipped); row numbers in errors are 1-based line numbers."""
+    rows = []
+    with open(path, encoding="utf-8") as f:
+        for lineno, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise DataError(f"{path}, line {lineno}: not valid JSON ({e.msg}); the file must be JSON lines") from e
+            if not isinstance(row, dict):
+                raise DataError(f"{path}, line {lineno}: expected a JSON object, got {type(row).__name__}")
+            row["_line"] = lineno
+            rows.append(row)
+    return rows
+
+
+def read_lines(path: Path) -> list[str]:
+    """Non-empty stripped lines of a text file (e.g. a ``*-labels.lst``)."""
+    with open(path, encoding="utf-8") as f:
+        return [line.strip() for line in f if line.strip()]
+
+
+def read_csv(path: Path, n_fields: int) -> list[tuple[int, list[str]]]:
+    """(record number, fields) of a header-less CSV whose every record must have ``n_fields`` fields."""
+    out = []
+    with open(path, encoding="utf-8", newline="") as f:
+        for recno, rec in enumerate(csv.reader(f), 1):
+            if not rec:
+                continue
+            if len(rec) != n_fields:
+                raise DataError(
+                    f"{path}, record {recno}: {len(rec)} fields, expected {n_fields}; the file must be the original "
+                    "header-less CSV parsed with quoting (fields may contain commas and newlines)"
+                )
+            out.append((recno, rec))
+    return out
+
+
+def field(row: Mapping[str, Any], key: str, path: Path | str, where: str, kind: type | tuple[type, ...] = str) -> Any:
+    """``row[key]`` checked for presence and type, else a DataError naming file and row."""
+    if key not in row:
+        raise DataError(f"{path}, {where}: missing field {key!r} (fields present: {sorted(k for k in row if k[0] != '_')})")
+    value = row[key]
+    if not isinstance(value, kind):
+        raise DataError(f"{path}, {where}: field {key!r} has type {type(value).__name__}, expected {kind}")
+    return value
+
+
+def package_file(package: str, relative: str, install_hint: str) -> Path:
+    """A data file shipped inside an installed package, found without importing (running) the package."""
+    spec = importlib.util.find_spec(package)
+    if spec is None or not spec.submodule_search_locations:
+        raise DataError(f"package {package!r} is not installed: {install_hint}")
+    for base in spec.submodule_search_locations:
+        path = Path(base) / relative
+        if path.is_file():
+            return path
+    raise DataError(f"package {package!r} is installed but has no {relative}: {install_hint}")
+
+
+def hub_rows(path: str, name: str | None, split: str) -> Iterator[dict[str, Any]]:
+    """Rows of a HF hub dataset split through ``datasets`` (only where the hub is reachable)."""
+    try:
+        import datasets
+    except ImportError as e:  # pragma: no cover - depends on the environment
+        raise DataError("source='hub' needs the `datasets` package: pip install 'inactive-heads[hub]'") from e
+    try:
+        ds = datasets.load_dataset(path, name, split=split)
+    except Exception as e:  # pragma: no cover - network dependent
+        raise DataError(f"could not load {path}/{name or ''} split {split!r} from the HF hub: {e}; "
+                        "use source='files' with a local data_dir instead") from e
+    for i, row in enumerate(ds):
+        yield {**row, "_line": i + 1}
+
+
+def convert(rows: list[dict[str, Any]], fn: Callable[[dict[str, Any], str], Any], path: Path | str) -> list[Any]:
+    """Apply ``fn(row, where)`` to every row, turning KeyError/ValueError/IndexError into a DataError."""
+    out = []
+    for row in rows:
+        where = f"row {row.get('_line', '?')}"
+        try:
+            out.append(fn(row, where))
+        except DataError:
+            raise
+        except (KeyError, ValueError, IndexError, TypeError, AttributeError) as e:
+            raise DataError(f"{path}, {where}: cannot read the row ({type(e).__name__}: {e})") from e
+    return out

@@ -1,0 +1,260 @@
+"""The engine against an obvious float64 per-text reference, on a tiny model of every supported family."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from _tiny import ARCHS, tiny_model, tiny_tokenizer
+from transformers import AttentionInterface
+from transformers.masking_utils import AttentionMaskInterface, eager_mask
+
+import inactive_heads as ih
+from inactive_heads import attention as attention_module
+
+TEXTS = ["The quick brown fox jumps over the lazy dog.", "Hi", "In 1905, Einstein wrote four papers.", "a b a b a b"]
+RAW = ("awft", "aeqd", "ftvvn", "avvn", "lthon", "ahon", "fhon")
+
+# ---------------------------------------------------------------- reference: full softmax, one text, one head at a time
+_REF: dict = {}
+
+
+def _reference_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
+    assert query.shape[0] == 1, "the reference runs one unpadded text at a time"
+    heads, q_len, head_dim = query.shape[1:]
+    groups = heads // key.shape[1]
+    scale = head_dim**-0.5 if scaling is None else scaling
+    softcap = kwargs.get("softcap")
+    proj = module.o_proj.weight if hasattr(module, "o_proj") else module.c_proj.weight.T  # [d_model, H*D]
+    mask = attention_mask[0, 0, :, : key.shape[2]].double()
+    outs, raw = [], {name: [] for name in RAW}
+    for h in range(heads):
+        q, k, v = query[0, h].double(), key[0, h // groups].double(), value[0, h // groups].double()
+        logits = q @ k.T * scale
+        if softcap is not None:
+            logits = torch.tanh(logits / softcap) * softcap
+        probs = torch.softmax(logits + mask, dim=-1)  # [S, T]
+        o = probs @ v
+        raw["awft"].append(probs[:, 0].mean())
+        raw["aeqd"].append((-(probs * torch.log(probs.clamp(min=1e-300))).sum(-1)).mean())
+        raw["ftvvn"].append(v[0].norm())
+        raw["avvn"].append(v.norm(dim=-1).mean())
+        raw["lthon"].append(o[-1].norm())
+        raw["ahon"].append(o.norm(dim=-1).mean())
+        w_h = proj[:, h * head_dim : (h + 1) * head_dim].double()
+        raw["fhon"].append((o @ w_h.T).norm(dim=-1).mean())
+        outs.append(o)
+    raw = {name: torch.stack(vals) for name, vals in raw.items()}
+    scores = _reference_scores(raw)
+    _REF["scores"].append({name: s.clone() for name, s in scores.items()})
+    policy = _REF.get("policy")
+    out = torch.stack(outs)  # [H, S, D]
+    if policy is not None:
+        score, threshold = policy
+        above = ih.SCORE_FUNCTIONS[score].inactive_when == "above"
+        zero = scores[score] > threshold if above else scores[score] < threshold
+        out = out * (~zero)[:, None, None]
+        _REF["zeroed"].append(zero)
+    return out.transpose(0, 1)[None].to(query.dtype), None
+
+
+def _reference_scores(raw: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    scores = dict(raw)
+    for name in RAW:
+        scores[f"{name}_ln"] = raw[name] / raw[name].mean()
+    scores["lthon_ln"] = raw["lthon"] / raw["ahon"].mean()
+    scores["lthon_hn"] = raw["lthon"] / raw["ahon"]
+    return scores
+
+
+AttentionInterface.register("ih_reference", _reference_attention)
+AttentionMaskInterface.register("ih_reference", eager_mask)
+
+
+@torch.no_grad()
+def reference_run(model, tokenizer, text, policy=None):
+    """Scores [L, H] per name and logits [S, V] of one text, float64, via the reference attention."""
+    ref = copy.deepcopy(model).double()
+    ref.set_attn_implementation("ih_reference")
+    _REF.update(scores=[], zeroed=[], policy=policy)
+    ids = torch.tensor([tokenizer(text)["input_ids"]])
+    logits = ref(input_ids=ids, use_cache=False).logits[0]
+    scores = {name: torch.stack([layer[name] for layer in _REF["scores"]]) for name in _REF["scores"][0]}
+    zeroed = torch.stack(_REF["zeroed"]) if policy else None
+    return scores, logits, zeroed
+
+
+# ---------------------------------------------------------------------------------------------------------- tests
+@pytest.fixture(scope="module")
+def tokenizer():
+    return tiny_tokenizer()
+
+
+@pytest.fixture(scope="module", params=ARCHS)
+def model(request):
+    return tiny_model(request.param)
+
+
+def test_scores_match_reference(model, tokenizer):
+    ours = ih.record_scores(model, tokenizer, TEXTS, batch_size=3)
+    assert ours.shape == (len(TEXTS), 3, 4)
+    for row, text in enumerate(TEXTS):
+        ref, _, _ = reference_run(model, tokenizer, text)
+        for name, expected in ref.items():
+            torch.testing.assert_close(ours[name][row].double(), expected, rtol=2e-5, atol=2e-6, msg=name)
+
+
+def _threshold_between_values(values: torch.Tensor, quantile: float) -> float:
+    # Midpoint of the widest gap near the quantile, so float32-vs-float64 rounding cannot flip a decision.
+    v = values.flatten().double().sort().values
+    centre = int(quantile * (len(v) - 1))
+    window = range(max(0, centre - 3), min(len(v) - 1, centre + 3))
+    i = max(window, key=lambda j: v[j + 1] - v[j])
+    return float((v[i] + v[i + 1]) / 2)
+
+
+@pytest.mark.parametrize("score", ["ahon_ln", "awft", "fhon", "lthon_hn"])
+def test_dynamic_zeroing_matches_reference(model, tokenizer, score):
+    recorded = ih.record_scores(model, tokenizer, TEXTS)
+    quantile = 0.7 if ih.SCORE_FUNCTIONS[score].inactive_when == "above" else 0.3
+    threshold = _threshold_between_values(recorded[score], quantile)
+    for text in TEXTS:
+        ids = torch.tensor([tokenizer(text)["input_ids"]])
+        with ih.zero_heads(model, score=score, threshold=threshold) as run, torch.no_grad():
+            logits = model(input_ids=ids).logits[0]
+        _, ref_logits, ref_zeroed = reference_run(model, tokenizer, text, policy=(score, threshold))
+        assert torch.equal(run.zeroed[0], ref_zeroed)
+        torch.testing.assert_close(logits.double(), ref_logits, rtol=1e-4, atol=1e-4)
+
+
+def test_zeroing_changes_later_layers_and_counts(tokenizer):
+    model = tiny_model("llama")
+    ids = torch.tensor([tokenizer(TEXTS[0])["input_ids"]])
+    mask = torch.zeros(3, 4, dtype=torch.bool)
+    mask[0, :2] = True
+    with torch.no_grad():
+        base = model(input_ids=ids).logits
+        with ih.zero_heads(model, mask=mask) as run:
+            zeroed = model(input_ids=ids).logits
+            model(input_ids=ids)
+    assert not torch.allclose(base, zeroed)
+    assert run.zeroed.shape == (2, 3, 4) and torch.equal(run.zeroed[1], mask)
+    assert run.fraction_zeroed == pytest.approx(2 / 12)
+    # a row whose every head is zeroed in layer 0 sees only the residual stream through that layer
+    with ih.watch(model, ih.Policy(mask=torch.ones(3, 4, dtype=torch.bool))) as run:
+        model(input_ids=ids)
+    assert run.fraction_zeroed == 1.0
+
+
+def test_static_mask_matches_reference_of_zero_weights(tokenizer):
+    """Zeroing a head statically equals deleting its columns of the output projection (no bias in Llama)."""
+    model = tiny_model("llama")
+    mask = torch.zeros(3, 4, dtype=torch.bool)
+    mask[1, 3] = mask[2, 0] = True
+    edited = copy.deepcopy(model)
+    head_dim = 8
+    with torch.no_grad():
+        edited.model.layers[1].self_attn.o_proj.weight[:, 3 * head_dim : 4 * head_dim] = 0
+        edited.model.layers[2].self_attn.o_proj.weight[:, 0:head_dim] = 0
+        ids = torch.tensor([tokenizer(TEXTS[2])["input_ids"]])
+        expected = edited(input_ids=ids).logits
+        with ih.zero_heads(model, mask=mask):
+            got = model(input_ids=ids).logits
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+
+
+def test_random_scores_seeded_uniform_and_batch_invariant(tokenizer):
+    model = tiny_model("llama")
+    a = ih.record_scores(model, tokenizer, TEXTS * 5, batch_size=4)["random"]
+    b = ih.record_scores(model, tokenizer, TEXTS * 5, batch_size=7)["random"]
+    assert torch.equal(a, b)
+    assert 0 <= float(a.min()) and float(a.max()) < 1 and len(a.unique()) == a.numel()
+    with torch.no_grad(), ih.zero_heads(model, score="random", threshold=0.5, seed=1) as r1:
+        model(input_ids=torch.tensor([tokenizer(TEXTS[0])["input_ids"]] * 8))
+    with torch.no_grad(), ih.zero_heads(model, score="random", threshold=0.5, seed=2) as r2:
+        model(input_ids=torch.tensor([tokenizer(TEXTS[0])["input_ids"]] * 8))
+    assert not torch.equal(r1.zeroed, r2.zeroed)
+    assert 0.3 < r1.fraction_zeroed < 0.7
+
+
+@pytest.mark.parametrize("arch", ["llama", "gemma2"])
+def test_model_left_as_found_also_after_exception(tokenizer, arch):
+    model = tiny_model(arch)
+    before = model.config._attn_implementation
+    ids = torch.tensor([tokenizer(TEXTS[0])["input_ids"]])
+    with torch.no_grad():
+        expected = model(input_ids=ids).logits
+        with pytest.raises(RuntimeError, match="boom"), ih.zero_heads(model, score="ahon", threshold=1e9):
+            model(input_ids=ids)
+            raise RuntimeError("boom")
+        assert model.config._attn_implementation == before
+        torch.testing.assert_close(model(input_ids=ids).logits, expected, rtol=0, atol=0)
+    ih.record_scores(model, tokenizer, TEXTS[:1])
+    assert model.config._attn_implementation == before
+
+
+def test_fused_and_chunked_kernels_agree(monkeypatch):
+    torch.manual_seed(0)
+    q, k, v = torch.randn(2, 4, 33, 8) * 2, torch.randn(2, 2, 33, 8) * 2, torch.randn(2, 2, 33, 8)
+    pad = torch.ones(2, 33, dtype=torch.bool)
+    pad[1, 25:] = False
+    allowed = torch.tril(torch.ones(33, 33, dtype=torch.bool))[None, None] & pad[:, None, None, :]
+    mask = torch.where(allowed, 0.0, torch.finfo(torch.float32).min)
+    needs = frozenset(RAW) - {"fhon"}
+    out_f, stats_f, _ = attention_module.attention_with_stats(q, k, v, mask, scale=0.4, needs=needs)
+    monkeypatch.setattr(attention_module, "_can_fuse", lambda query, softcap: False)
+    monkeypatch.setattr(attention_module, "_CHUNK_ELEMENTS", 2 * 4 * 33 * 5)  # 5 queries per chunk
+    out_c, stats_c, _ = attention_module.attention_with_stats(q, k, v, mask, scale=0.4, needs=needs)
+    torch.testing.assert_close(out_f[0], out_c[0], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(out_f[1, :, :25], out_c[1, :, :25], rtol=1e-5, atol=1e-5)
+    for name in needs:
+        torch.testing.assert_close(getattr(stats_f, name), getattr(stats_c, name), rtol=1e-5, atol=1e-5, msg=name)
+
+
+def test_non_finite_scores_raise_naming_the_layer(tokenizer):
+    model = tiny_model("llama")
+    with torch.no_grad():
+        model.model.layers[1].self_attn.v_proj.weight[0, 0] = float("inf")
+    with pytest.raises(FloatingPointError, match="layer 1.*float32"):
+        ih.record_scores(model, tokenizer, TEXTS[:1])
+
+
+def test_bad_inputs_give_clear_errors(tokenizer):
+    model = tiny_model("llama")
+    with pytest.raises(ValueError, match="unknown score"):
+        ih.zero_heads(model, score="nope", threshold=0.1).__enter__()
+    with pytest.raises(ValueError, match="needs threshold"):
+        ih.zero_heads(model, score="ahon")
+    with pytest.raises(ValueError, match="either score"):
+        ih.zero_heads(model)
+    with pytest.raises(ValueError, match="3 layers x 4 heads"), ih.zero_heads(model, mask=torch.ones(2, 4, dtype=bool)):
+        pass
+    with pytest.raises(TypeError, match="sequence of strings"):
+        ih.record_scores(model, tokenizer, "one string")
+    model.train()
+    with pytest.raises(ValueError, match="eval"):
+        ih.record_scores(model, tokenizer, TEXTS)
+
+
+def test_model_without_attention_interface_is_named():
+    from transformers import PretrainedConfig, PreTrainedModel
+
+    class LegacyModel(PreTrainedModel):
+        config_class = PretrainedConfig
+
+        def __init__(self, config):
+            super().__init__(config)
+            self.layer = torch.nn.Linear(2, 2)
+
+    LegacyModel._can_set_attn_implementation_cached_value = False
+    with pytest.raises(NotImplementedError, match="LegacyModel"), ih.watch(LegacyModel(PretrainedConfig())):
+        pass
+
+
+def test_bfloat16_statistics_in_float32(tokenizer):
+    model = tiny_model("qwen2", dtype=torch.bfloat16)
+    scores = ih.record_scores(model, tokenizer, TEXTS[:2])
+    assert scores["ahon"].dtype == torch.float32 and torch.isfinite(scores["ahon"]).all()
+    ref = ih.record_scores(tiny_model("qwen2"), tokenizer, TEXTS[:2])
+    torch.testing.assert_close(scores["awft"], ref["awft"], rtol=0.1, atol=0.02)
