@@ -40,15 +40,25 @@ def tiny_config(arch: str) -> transformers.PretrainedConfig:
         return transformers.Phi3Config(**{**_COMMON, "pad_token_id": 0})
     if arch == "gemma3":  # sliding-window layers, query_pre_attn_scalar, head_dim != hidden/heads
         return transformers.Gemma3TextConfig(
-            **_COMMON, head_dim=16, query_pre_attn_scalar=10, sliding_window=5,
+            **_COMMON,
+            head_dim=16,
+            query_pre_attn_scalar=10,
+            sliding_window=5,
             layer_types=["sliding_attention", "full_attention", "sliding_attention"],
         )
     if arch == "gemma2":  # attention logit softcap
         return transformers.Gemma2Config(**_COMMON, head_dim=8, attn_logit_softcapping=1.5, sliding_window=64)
     if arch == "gpt2":  # Conv1D c_attn/c_proj, MHA
         return transformers.GPT2Config(
-            vocab_size=VOCAB, n_embd=32, n_layer=3, n_head=4, n_positions=256, initializer_range=0.15,
-            bos_token_id=1, eos_token_id=2, pad_token_id=0,
+            vocab_size=VOCAB,
+            n_embd=32,
+            n_layer=3,
+            n_head=4,
+            n_positions=256,
+            initializer_range=0.15,
+            bos_token_id=1,
+            eos_token_id=2,
+            pad_token_id=0,
         )
     raise ValueError(f"unknown arch {arch!r}; choose from {ARCHS}")
 
@@ -70,6 +80,10 @@ def tiny_tokenizer(padding_side: str = "right") -> PreTrainedTokenizerFast:
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
     tok.decoder = decoders.ByteLevel()
     return PreTrainedTokenizerFast(
-        tokenizer_object=tok, pad_token="<pad>", bos_token="<bos>", eos_token="<eos>", unk_token="<unk>",
+        tokenizer_object=tok,
+        pad_token="<pad>",
+        bos_token="<bos>",
+        eos_token="<eos>",
+        unk_token="<unk>",
         padding_side=padding_side,
     )

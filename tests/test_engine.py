@@ -22,7 +22,7 @@ _REF: dict = {}
 
 def _reference_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
     assert query.shape[0] == 1, "the reference runs one unpadded text at a time"
-    heads, q_len, head_dim = query.shape[1:]
+    heads, _q_len, head_dim = query.shape[1:]
     groups = heads // key.shape[1]
     scale = head_dim**-0.5 if scaling is None else scaling
     softcap = kwargs.get("softcap")
@@ -169,7 +169,7 @@ def test_random_scores_seeded_uniform_and_batch_invariant(tokenizer):
     a = ih.record_scores(model, tokenizer, TEXTS * 5, batch_size=4)["random"]
     b = ih.record_scores(model, tokenizer, TEXTS * 5, batch_size=7)["random"]
     assert torch.equal(a, b)
-    assert 0 <= float(a.min()) and float(a.max()) < 1 and len(a.unique()) == a.numel()
+    assert float(a.min()) >= 0 and float(a.max()) < 1 and len(a.unique()) == a.numel()
     with torch.no_grad(), ih.zero_heads(model, score="random", threshold=0.5, seed=1) as r1:
         model(input_ids=torch.tensor([tokenizer(TEXTS[0])["input_ids"]] * 8))
     with torch.no_grad(), ih.zero_heads(model, score="random", threshold=0.5, seed=2) as r2:
@@ -216,7 +216,7 @@ def test_non_finite_scores_raise_naming_the_layer(tokenizer):
     model = tiny_model("llama")
     with torch.no_grad():
         model.model.layers[1].self_attn.v_proj.weight[0, 0] = float("inf")
-    with pytest.raises(FloatingPointError, match="layer 1.*float32"):
+    with pytest.raises(FloatingPointError, match=r"layer 1.*float32"):
         ih.record_scores(model, tokenizer, TEXTS[:1])
 
 

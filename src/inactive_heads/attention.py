@@ -55,7 +55,7 @@ def additive_mask(mask: torch.Tensor | None, batch: int, q_len: int, kv_len: int
 
 
 def _rows(mask: torch.Tensor) -> _Rows:
-    batch, _, q_len, kv_len = mask.shape
+    _batch, _, q_len, kv_len = mask.shape
     allowed = mask > torch.finfo(torch.float32).min / 2
     diag = torch.arange(q_len, device=mask.device) + (kv_len - q_len)
     real_q = allowed[:, 0, torch.arange(q_len, device=mask.device), diag]

@@ -51,7 +51,9 @@ class Policy:
             if self.threshold is None:
                 raise ValueError(f"score={self.score!r} needs threshold=")
         if self.mask is not None and (self.mask.dtype != torch.bool or self.mask.dim() != 2):
-            raise ValueError(f"mask must be a bool tensor [n_layers, n_heads], got {self.mask.dtype} {tuple(self.mask.shape)}")
+            raise ValueError(
+                f"mask must be a bool tensor [n_layers, n_heads], got {self.mask.dtype} {tuple(self.mask.shape)}"
+            )
 
     @property
     def needs(self) -> frozenset[str]:
@@ -82,8 +84,9 @@ def _attention(
     scale = query.shape[-1] ** -0.5 if scaling is None else float(scaling)
     softcap = kwargs.get("softcap")
     if session is None:  # the model was left on this implementation outside a watch: plain attention
-        out, _, _ = attention_with_stats(query, key, value, attention_mask, scale=scale, needs=frozenset(),
-                                         softcap=softcap)
+        out, _, _ = attention_with_stats(
+            query, key, value, attention_mask, scale=scale, needs=frozenset(), softcap=softcap
+        )
         return out.to(query.dtype).transpose(1, 2).contiguous(), None
     return session.attend(module, query, key, value, attention_mask, scale, softcap), None
 
@@ -233,8 +236,10 @@ def _attention_modules(model: torch.nn.Module) -> dict[int, int]:
     layers: dict[int, int] = {}
     for module in model.modules():
         idx = getattr(module, "layer_idx", None)
-        if isinstance(idx, int) and hasattr(module, "config") and any(
-            hasattr(module, p) for p in (*_OUTPUT_PROJECTIONS, "q_proj", "c_attn", "qkv_proj")
+        if (
+            isinstance(idx, int)
+            and hasattr(module, "config")
+            and any(hasattr(module, p) for p in (*_OUTPUT_PROJECTIONS, "q_proj", "c_attn", "qkv_proj"))
         ):
             layers[id(module)] = idx
     if sorted(layers.values()) != list(range(len(layers))) or not layers:
@@ -297,9 +302,7 @@ class Watch:
 
 
 @contextlib.contextmanager
-def watch(
-    model: PreTrainedModel, policy: Policy | None = None, *, record: bool = False
-) -> Iterator[Watch]:
+def watch(model: PreTrainedModel, policy: Policy | None = None, *, record: bool = False) -> Iterator[Watch]:
     """Within the block, every forward of ``model`` records all scores (``record``) and/or applies ``policy``.
 
     The model's attention implementation is restored on exit. With ``record=True`` under a policy, the scores are

@@ -189,4 +189,3 @@ class HeadScores(Mapping[str, torch.Tensor]):
     def __repr__(self) -> str:
         rows, layers, heads = self.shape
         return f"HeadScores(rows={rows}, layers={layers}, heads={heads}, names={self.names})"
-
