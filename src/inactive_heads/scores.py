@@ -98,8 +98,9 @@ def register_score(
 
 def _layer_norm(x: torch.Tensor, ref: torch.Tensor | None = None) -> torch.Tensor:
     # "LN" in the paper: divide by the mean over all query heads of the layer, for the same row.
-    ref = x if ref is None else ref
-    return x / ref.mean(dim=-1, keepdim=True)
+    mean = (x if ref is None else ref).mean(dim=-1, keepdim=True)
+    # A layer whose heads all score 0 (e.g. the entropy of a one-token row) has every head at the layer mean.
+    return torch.where(mean == 0, 1.0, x / mean)
 
 
 def _register_raw_and_ln(name: str, label: str, inactive_when: InactiveWhen) -> None:
