@@ -1,0 +1,279 @@
+"""Sweep analysis: accuracy-vs-zeroed curves, the Table-2 metric, AUC, rankings, and score-distribution distances.
+
+Fractions (of heads zeroed) and accuracies are in [0, 1] throughout; ``tol=0.01`` is one accuracy point.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+__all__ = [
+    "Curve",
+    "common_fraction_range",
+    "max_zeroed_within",
+    "normalized_auc",
+    "rank_scores",
+    "spearman",
+    "table2",
+    "top_k_iou",
+    "wasserstein1",
+    "wasserstein_table",
+    "zero_frequency",
+]
+
+Point = tuple[float, float]
+_Sample = torch.Tensor | np.ndarray | Sequence[float]
+
+# Accuracies are ratios of small integers, so "exactly on the line" must survive float rounding of baseline - tol.
+_ON_LINE_EPS = 1e-9
+
+
+def _sorted_points(points: Iterable[Sequence[float]]) -> list[Point]:
+    pts = [(float(x), float(a)) for x, a in points]
+    if not pts:
+        raise ValueError("a curve needs at least one point")
+    return sorted(pts, key=lambda p: p[0])  # stable: equal fractions keep their given order
+
+
+@dataclass
+class Curve:
+    """Accuracy vs fraction of heads zeroed for one score function, sorted by fraction.
+
+    ``points`` includes the baseline ``(0.0, baseline)`` first unless a point at fraction 0 is already present.
+    ``extra`` carries free metadata (e.g. the targets and thresholds behind the points).
+    """
+
+    score: str
+    points: list[Point]
+    baseline: float
+    label: str = ""
+    extra: dict[str, object] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        pts = _sorted_points(self.points)
+        if not any(x == 0.0 for x, _ in pts):
+            pts.insert(0, (0.0, float(self.baseline)))
+        self.points = pts
+        self.label = self.label or self.score
+
+    @property
+    def fractions(self) -> list[float]:
+        return [x for x, _ in self.points]
+
+    @property
+    def accuracies(self) -> list[float]:
+        return [a for _, a in self.points]
+
+    def max_zeroed_within(self, tol: float = 0.01) -> float:
+        return max_zeroed_within(self.points, self.baseline, tol)
+
+    def auc(self, x_max: float | None = None) -> float:
+        return normalized_auc(self.points, self.baseline, x_max)
+
+
+def max_zeroed_within(curve_points: Iterable[Sequence[float]], baseline: float, tol: float = 0.01) -> float:
+    """The Table-2 metric: the largest fraction of heads zeroed whose accuracy stays within ``tol`` of ``baseline``.
+
+    With points sorted by fraction and the line ``c = baseline - tol`` (a point with ``acc >= c`` is *within*; a
+    point exactly on the line counts as within):
+
+    * every point within (the curve never drops below the line): the largest measured fraction;
+    * the last point below the line: the **last** down-crossing, i.e. between the last within point ``j`` and the
+      point after it, linearly interpolated: ``x_j + (a_j - c) / (a_j - a_{j+1}) * (x_{j+1} - x_j)``; a point ``j``
+      exactly on the line gives ``x_j``. Earlier dips that recover do not count, later recoveries do;
+    * the last point within after a dip: the largest measured fraction (the curve ends within);
+    * no point within (below the line from the first point on): 0.
+
+    With the baseline point ``(0, baseline)`` in the curve (as in :class:`Curve`) the first point is always within,
+    so a first measured point below the line gives a value interpolated between 0 and that point's fraction.
+    """
+    pts = _sorted_points(curve_points)
+    line = float(baseline) - float(tol)
+    within = [a >= line - _ON_LINE_EPS for _, a in pts]
+    if not any(within):
+        return 0.0
+    if within[-1]:
+        return pts[-1][0]
+    j = max(i for i, w in enumerate(within) if w)
+    (x0, a0), (x1, a1) = pts[j], pts[j + 1]
+    if a0 <= line:  # on the line (within eps): no interpolation, and no division by a tiny gap
+        return x0
+    return x0 + (a0 - line) / (a0 - a1) * (x1 - x0)
+
+
+def _interp_at(pts: list[Point], x: float) -> float:
+    xs = np.array([p[0] for p in pts])
+    ys = np.array([p[1] for p in pts])
+    return float(np.interp(x, xs, ys))  # holds the end values outside the measured range
+
+
+def normalized_auc(points: Iterable[Sequence[float]], baseline: float, x_max: float | None = None) -> float:
+    """Area under ``accuracy / baseline`` vs fraction zeroed over ``[0, x_max]``, divided by ``x_max``.
+
+    1.0 means the curve stays at baseline over the whole range; 0.5 is e.g. a straight fall to zero accuracy at
+    ``x_max``. ``x_max`` defaults to the largest measured fraction; pass a common one
+    (:func:`common_fraction_range`) to compare score functions, whose measured fractions differ. The curve is linear
+    between points (trapezoids); a missing point at 0 is taken as ``(0, baseline)``; beyond the last point the last
+    accuracy is held. ``x_max = 0`` gives the accuracy ratio at 0.
+    """
+    pts = _sorted_points(points)
+    if pts[0][0] > 0.0:
+        pts.insert(0, (0.0, float(baseline)))
+    if baseline <= 0:
+        raise ValueError(f"baseline accuracy must be positive, got {baseline}")
+    hi = pts[-1][0] if x_max is None else float(x_max)
+    if hi <= 0.0:
+        return _interp_at(pts, 0.0) / baseline
+    # Deduplicate equal fractions by np.interp semantics, so the area matches the interpolated curve exactly.
+    inner = sorted({x for x, _ in pts if 0.0 < x < hi})
+    xs = np.array([0.0, *inner, hi])
+    ys = np.array([_interp_at(pts, x) for x in xs])
+    area = float(np.sum((ys[1:] + ys[:-1]) * np.diff(xs)) / 2)
+    return area / hi / baseline
+
+
+def common_fraction_range(curves: Iterable[Curve]) -> float:
+    """The largest fraction every curve reaches: the range over which their AUCs are comparable."""
+    ends = [c.points[-1][0] for c in curves]
+    return min(ends) if ends else 0.0
+
+
+def rank_scores(table: Mapping[str, float], higher_is_better: bool = True) -> dict[str, float]:
+    """Rank 1 = best; tied values share the mean of their ranks; NaN ranks last."""
+    names = list(table)
+    vals = np.array([float(table[n]) for n in names], dtype=np.float64)
+    key = -vals if higher_is_better else vals
+    key = np.where(np.isnan(key), np.inf, key)
+    order = np.argsort(key, kind="stable")
+    ranks = np.empty(len(names))
+    i = 0
+    while i < len(order):
+        j = i
+        while j + 1 < len(order) and key[order[j + 1]] == key[order[i]]:
+            j += 1
+        ranks[order[i : j + 1]] = (i + j) / 2 + 1
+        i = j + 1
+    return {n: float(r) for n, r in zip(names, ranks, strict=True)}
+
+
+def spearman(rank_a: Mapping[str, float], rank_b: Mapping[str, float]) -> float:
+    """Spearman correlation over the keys both rankings share (re-ranked with averaged ties); NaN if undefined."""
+    common = [k for k in rank_a if k in rank_b]
+    if len(common) < 2:
+        return math.nan
+    ra = rank_scores({k: rank_a[k] for k in common}, higher_is_better=False)
+    rb = rank_scores({k: rank_b[k] for k in common}, higher_is_better=False)
+    x = np.array([ra[k] for k in common]) - (len(common) + 1) / 2
+    y = np.array([rb[k] for k in common]) - (len(common) + 1) / 2
+    denom = math.sqrt(float(x @ x) * float(y @ y))
+    return float(x @ y) / denom if denom > 0 else math.nan
+
+
+def _top(rank: Mapping[str, float], keys: list[str], k: int) -> set[str]:
+    ordered = sorted(rank[n] for n in keys)
+    cutoff = ordered[min(k, len(ordered)) - 1]
+    return {n for n in keys if rank[n] <= cutoff}  # ties at the cut are all in
+
+
+def top_k_iou(rank_a: Mapping[str, float], rank_b: Mapping[str, float], k: int = 5) -> float:
+    """Intersection over union of the two top-``k`` sets (over shared keys; ties at rank ``k`` all included)."""
+    if k < 1:
+        raise ValueError("k must be >= 1")
+    common = [n for n in rank_a if n in rank_b]
+    if not common:
+        return math.nan
+    a, b = _top(rank_a, common, k), _top(rank_b, common, k)
+    return len(a & b) / len(a | b)
+
+
+def _sample(x: _Sample) -> np.ndarray:
+    arr = x.detach().cpu().double().reshape(-1).numpy() if isinstance(x, torch.Tensor) else np.asarray(x, np.float64)
+    arr = np.sort(arr.reshape(-1)[~np.isnan(arr.reshape(-1))])
+    if arr.size == 0:
+        raise ValueError("empty sample (or all NaN)")
+    return arr
+
+
+def wasserstein1(a: _Sample, b: _Sample) -> float:
+    """Exact 1-Wasserstein distance between two 1-D empirical samples of any sizes (NaNs dropped).
+
+    ``W1 = ∫ |F_a(x) - F_b(x)| dx``, equal to ``∫_0^1 |Q_a(u) - Q_b(u)| du`` for the quantile functions; both CDFs are
+    step functions, so the integral is an exact sum over the merged sorted sample.
+    """
+    sa, sb = _sample(a), _sample(b)
+    allv = np.concatenate([sa, sb])
+    allv.sort()
+    deltas = np.diff(allv)
+    cdf_a = np.searchsorted(sa, allv[:-1], side="right") / sa.size
+    cdf_b = np.searchsorted(sb, allv[:-1], side="right") / sb.size
+    return float(np.sum(np.abs(cdf_a - cdf_b) * deltas))
+
+
+def _depth_bins(n_layers: int, n_bins: int) -> list[list[int]]:
+    # Layer l sits at relative depth (l + 0.5) / n_layers; bin b covers depths [b / n_bins, (b + 1) / n_bins).
+    bins: list[list[int]] = [[] for _ in range(n_bins)]
+    for layer in range(n_layers):
+        bins[min(int((layer + 0.5) / n_layers * n_bins), n_bins - 1)].append(layer)
+    return bins
+
+
+def wasserstein_table(
+    scores_a: Mapping[str, torch.Tensor],
+    scores_b: Mapping[str, torch.Tensor],
+    per_layer: bool = False,
+    names: Iterable[str] | None = None,
+) -> dict[str, float] | dict[str, list[float]]:
+    """W1 between two runs' recorded scores, per score function recorded in both (raw values, no rescaling).
+
+    ``per_layer=False``: name -> distance between the pooled (rows x layers x heads) samples.
+    ``per_layer=True``: name -> one distance per layer when both have the same layer count; otherwise per relative
+    depth bin, with ``min(L_a, L_b)`` equal-width bins over depth ``(l + 0.5) / L`` and each bin's layers pooled, so a
+    12-layer and a 24-layer model are compared as 12 bins of 1 resp. 2 layers. Head counts may differ.
+    """
+    chosen = [n for n in (scores_a if names is None else names) if n in scores_a and n in scores_b]
+    if not per_layer:
+        return {n: wasserstein1(scores_a[n], scores_b[n]) for n in chosen}
+    out: dict[str, list[float]] = {}
+    for n in chosen:
+        ta, tb = scores_a[n], scores_b[n]
+        la, lb = ta.shape[1], tb.shape[1]
+        if la == lb:
+            out[n] = [wasserstein1(ta[:, i], tb[:, i]) for i in range(la)]
+        else:
+            nb = min(la, lb)
+            out[n] = [
+                wasserstein1(ta[:, ia], tb[:, ib])
+                for ia, ib in zip(_depth_bins(la, nb), _depth_bins(lb, nb), strict=True)
+            ]
+    return out
+
+
+def zero_frequency(zeroed: torch.Tensor | np.ndarray) -> torch.Tensor:
+    """How often each head was zeroed: the mean over rows of a bool ``[N, L, H]`` mask, float32 ``[L, H]``."""
+    z = torch.as_tensor(zeroed)
+    if z.dim() != 3:
+        raise ValueError(f"expected a [rows, layers, heads] mask, got shape {tuple(z.shape)}")
+    return z.to(torch.float32).mean(dim=0)
+
+
+def table2(curves: Iterable[Curve], tol: float = 0.01, x_max: float | None = None) -> list[dict[str, object]]:
+    """One row per curve: score, label, ``max_zeroed`` (fraction), ``auc`` over a common range, and ``rank``.
+
+    Ranking is by ``max_zeroed`` (higher is better), ties broken by AUC; ``x_max`` defaults to the common range.
+    """
+    curves = list(curves)
+    hi = common_fraction_range(curves) if x_max is None else x_max
+    rows = [
+        {"score": c.score, "label": c.label, "max_zeroed": c.max_zeroed_within(tol), "auc": c.auc(hi)} for c in curves
+    ]
+    # AUC is < ~1.5 in practice; scaling it below 1e-6 makes it a tie-breaker only.
+    combined = {r["score"]: r["max_zeroed"] + 1e-6 * r["auc"] for r in rows}  # type: ignore[operator]
+    ranks = rank_scores(combined)
+    for r in rows:
+        r["rank"] = ranks[r["score"]]  # type: ignore[index]
+    return sorted(rows, key=lambda r: r["rank"])  # type: ignore[arg-type, return-value]

@@ -1,0 +1,187 @@
+"""Crash-safe files: atomic writes, content-addressed cell keys, and a store of finished sweep cells.
+
+A write goes to a temporary file in the destination's directory, is fsynced, and is renamed over the destination
+with :func:`os.replace` (atomic on POSIX and Windows within one file system), then the directory is fsynced so the
+rename itself survives a power cut. A reader therefore sees the old file or the new one, never a mix; a process killed
+mid-write leaves at most a stray ``.*.tmp`` file, which the store ignores.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import math
+import os
+import tempfile
+from collections.abc import Iterable, Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+__all__ = ["ResultStore", "atomic_write_bytes", "atomic_write_json", "atomic_write_text", "canonical_json", "cell_key"]
+
+_TMP_SUFFIX = ".tmp"
+
+
+def _fsync_dir(directory: Path) -> None:
+    # Directories cannot be opened for fsync on Windows; the rename is still atomic there.
+    if os.name != "posix":
+        return
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def atomic_write_bytes(path: str | Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` atomically (temp file in the same directory, fsync, ``os.replace``)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=_TMP_SUFFIX)
+    try:
+        if os.name == "posix":
+            os.fchmod(fd, 0o644)  # mkstemp's 0600 would make results unreadable to collaborators
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    _fsync_dir(path.parent)
+
+
+def atomic_write_text(path: str | Path, text: str, encoding: str = "utf-8") -> None:
+    """Write ``text`` to ``path`` atomically."""
+    atomic_write_bytes(path, text.encode(encoding))
+
+
+def _jsonable(value: Any) -> Any:
+    # Tensors, numpy scalars/arrays and paths appear in results; turn them into plain JSON types.
+    if isinstance(value, Mapping):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, Path):
+        return str(value)
+    if hasattr(value, "tolist") and callable(value.tolist):
+        return _jsonable(value.tolist())
+    if hasattr(value, "item") and callable(value.item):
+        return value.item()
+    return value
+
+
+def atomic_write_json(path: str | Path, obj: Any, *, indent: int | None = 1) -> None:
+    """Write ``obj`` as JSON to ``path`` atomically (tensors and numpy values converted; NaN written as ``NaN``)."""
+    atomic_write_text(path, json.dumps(_jsonable(obj), indent=indent, sort_keys=True) + "\n")
+
+
+def canonical_json(obj: Any) -> str:
+    """The canonical JSON of ``obj``: sorted keys, no whitespace, ASCII; NaN/inf rejected (they have no JSON form)."""
+    obj = _jsonable(obj)
+
+    def check(v: Any) -> None:
+        if isinstance(v, float) and not math.isfinite(v):
+            raise ValueError(f"cannot key on non-finite float {v!r}")
+        if isinstance(v, dict):
+            for x in v.values():
+                check(x)
+        elif isinstance(v, list):
+            for x in v:
+                check(x)
+
+    check(obj)
+    return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=False)
+
+
+def _package_version() -> str:
+    from . import __version__
+
+    return __version__
+
+
+def cell_key(**fields: Any) -> str:
+    """Content address of a sweep cell: sha256 (first 32 hex digits) of the canonical JSON of ``fields``.
+
+    Pass everything that changes the answer (model identity, task, shots, limit, seed, score, threshold, ...).
+    ``package_version`` is added from the installed package when not given, so a new version never reuses old cells.
+    Floats key by their exact repr, so pass the threshold actually used, not a rounded copy.
+    """
+    fields.setdefault("package_version", _package_version())
+    return hashlib.sha256(canonical_json(fields).encode("ascii")).hexdigest()[:32]
+
+
+class ResultStore:
+    """Finished cells as ``<root>/<key>.json`` JSON objects.
+
+    ``put`` is atomic. A file that does not parse as a JSON object (or lacks a field in ``required``) is treated as
+    not done: ``has`` is False, ``get`` raises KeyError, ``keys`` skips it, and the next ``put`` replaces it.
+    """
+
+    def __init__(self, root: str | Path, required: Iterable[str] = ()):
+        self.root = Path(root)
+        self.required = tuple(required)
+
+    def path(self, key: str) -> Path:
+        if not key or "/" in key or "\\" in key or key.startswith("."):
+            raise ValueError(f"invalid cell key {key!r}")
+        return self.root / f"{key}.json"
+
+    def _read(self, key: str) -> dict[str, Any] | None:
+        try:
+            obj = json.loads(self.path(key).read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, ValueError):
+            return None
+        if not isinstance(obj, dict) or any(f not in obj for f in self.required):
+            return None
+        return obj
+
+    def has(self, key: str) -> bool:
+        """Whether ``key`` holds a complete, readable cell."""
+        return self._read(key) is not None
+
+    def __contains__(self, key: object) -> bool:
+        return isinstance(key, str) and self.has(key)
+
+    def get(self, key: str) -> dict[str, Any]:
+        """The stored cell; KeyError when missing or corrupt."""
+        obj = self._read(key)
+        if obj is None:
+            raise KeyError(key)
+        return obj
+
+    def put(self, key: str, value: Mapping[str, Any]) -> None:
+        """Store ``value`` (a JSON object) under ``key`` atomically, replacing any previous or corrupt file."""
+        missing = [f for f in self.required if f not in value]
+        if missing:
+            raise ValueError(f"cell {key!r} lacks required fields {missing}")
+        atomic_write_json(self.path(key), dict(value))
+
+    def keys(self) -> list[str]:
+        """Keys of complete cells, sorted."""
+        if not self.root.is_dir():
+            return []
+        found = (p.name[: -len(".json")] for p in self.root.iterdir() if p.name.endswith(".json"))
+        return sorted(k for k in found if not k.startswith(".") and self.has(k))
+
+    def items(self) -> Iterator[tuple[str, dict[str, Any]]]:
+        for k in self.keys():
+            obj = self._read(k)
+            if obj is not None:
+                yield k, obj
+
+    def __len__(self) -> int:
+        return len(self.keys())
+
+    def remove_stale_tmp(self) -> int:
+        """Delete temp files left by killed writers; returns how many. Only call when no writer is running."""
+        if not self.root.is_dir():
+            return 0
+        stale = [p for p in self.root.iterdir() if p.name.startswith(".") and p.name.endswith(_TMP_SUFFIX)]
+        for p in stale:
+            with contextlib.suppress(OSError):
+                p.unlink()
+        return len(stale)

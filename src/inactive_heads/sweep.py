@@ -1,0 +1,286 @@
+"""Calibrate thresholds and sweep (score function x target fraction) cells into a resumable run directory.
+
+Layout: see :mod:`inactive_heads.report`. Every finished cell is one atomic ``cells/<key>.json``, keyed by
+:func:`inactive_heads.store.cell_key` of everything that changes its answer, so a killed sweep resumes where it
+stopped and never recomputes (or trusts a torn copy of) a finished cell.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import time
+from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from . import evaluation
+from .engine import Policy
+from .report import CELL_FIELDS
+from .scores import SCORE_FUNCTIONS, HeadScores
+from .store import ResultStore, atomic_write_json, cell_key
+from .tasks import Task, get_task
+from .thresholds import DEFAULT_TARGETS, thresholds_for
+
+__all__ = ["calibrate", "model_identity", "sweep"]
+
+# Keys of the run that must match for cells of an existing run directory to be reused.
+_RUN_MATCH = ("model", "task", "shots", "limit", "seed", "package_version")
+
+
+def _version() -> str:
+    from . import __version__
+
+    return __version__
+
+
+def model_identity(model: torch.nn.Module) -> dict[str, Any]:
+    """What identifies the model's weights: the loader's source record when present, plus class, dtype and a
+    fingerprint of a few thousand weights (cheap, and tells apart models that share a name but not weights)."""
+    source = getattr(model, "inactive_heads_source", None)
+    params = list(model.parameters())
+    digest = hashlib.sha256()
+    for p in (params[0], params[len(params) // 2], params[-1]) if params else ():
+        digest.update(p.detach().reshape(-1)[:4096].to("cpu", torch.float32).numpy().tobytes())
+    config = getattr(model, "config", None)
+    return {
+        "source": dict(source) if isinstance(source, dict) else None,
+        "name_or_path": getattr(config, "_name_or_path", ""),
+        "class": type(model).__name__,
+        "dtype": str(params[0].dtype) if params else "",
+        "weights_sample_sha256": digest.hexdigest()[:16],
+    }
+
+
+def _shape(model: torch.nn.Module) -> tuple[int, int]:
+    config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+    layers = getattr(config, "num_hidden_layers", None) or getattr(config, "n_layer", None)
+    heads = getattr(config, "num_attention_heads", None) or getattr(config, "n_head", None)
+    return int(layers), int(heads)
+
+
+def _task(task: str | Task, eval_kwargs: dict[str, Any]) -> Task:
+    # Load once, so each cell does not re-read the files; evaluate() accepts the loaded Task.
+    if isinstance(task, Task):
+        return task
+    return get_task(task, eval_kwargs.get("data_dir"), eval_kwargs.get("source", "files"))
+
+
+def _task_fingerprint(task: Task) -> str:
+    digest = hashlib.sha256()
+    for it in task.items:
+        digest.update(json.dumps([it.id, it.contexts, it.continuations, it.gold, it.group]).encode())
+    return digest.hexdigest()[:16]
+
+
+def _result_cell(result: Any, n_layers: int, n_heads: int) -> dict[str, Any]:
+    # Read EvalResult fields by their current names, falling back to the flat names of the issue's spec.
+    metrics = getattr(result, "metrics", None) or {}
+    timing = getattr(result, "timing", None) or {}
+
+    def pick(*candidates: Any) -> Any:
+        return next((c for c in candidates if c is not None), None)
+
+    frac = pick(getattr(result, "zeroed_fraction", None), getattr(result, "fraction_zeroed", None), 0.0)
+    per_layer = pick(getattr(result, "zeroed_per_layer", None), getattr(result, "per_layer", None))
+    per_head = pick(getattr(result, "zeroed_per_head", None), getattr(result, "per_head", None))
+    return {
+        "accuracy": float(pick(metrics.get("acc"), getattr(result, "accuracy", None))),
+        "acc_norm": pick(metrics.get("acc_norm"), getattr(result, "acc_norm", None)),
+        "mean_ll_correct": pick(getattr(result, "gold_loglikelihood", None), getattr(result, "mean_ll_correct", None)),
+        "fraction_zeroed": float(frac),
+        "per_layer": per_layer if per_layer is not None else [0.0] * n_layers,
+        "per_head": per_head if per_head is not None else [[0.0] * n_heads for _ in range(n_layers)],
+        "n_items": int(pick(getattr(result, "n_items", None), 0)),
+        "seconds": float(pick(timing.get("total_s"), getattr(result, "seconds", None), 0.0)),
+    }
+
+
+def _write_run(run_dir: Path, run: dict[str, Any]) -> None:
+    path = run_dir / "run.json"
+    if path.is_file():
+        old = json.loads(path.read_text(encoding="utf-8"))
+        diff = [k for k in _RUN_MATCH if json.dumps(old.get(k), sort_keys=True) != json.dumps(run[k], sort_keys=True)]
+        if diff:
+            raise ValueError(f"{run_dir} holds a different run (differs in {diff}); use a new run directory")
+        return
+    atomic_write_json(path, run)
+
+
+def calibrate(
+    model: torch.nn.Module,
+    tokenizer: Any,
+    task: str | Task,
+    run_dir: str | Path,
+    *,
+    shots: int | None = None,
+    limit: int | None = None,
+    seed: int = 0,
+    batch_size: int = 8,
+    calibration_task: str | Task | None = None,
+    calibration_limit: int | None = None,
+    model_name: str | None = None,
+    **eval_kwargs: Any,
+) -> HeadScores:
+    """Write ``run.json`` and record every score on the calibration items into ``calibration/``.
+
+    Calibration runs ``evaluation.evaluate(..., record=True)`` on ``calibration_task`` (default: ``task``) with
+    ``calibration_limit`` items (default: ``limit``). An existing calibration of a matching run is reused.
+    ``eval_kwargs`` go to ``evaluate`` (``data_dir``, ``source``, ``apply_chat_template``, ...).
+    """
+    run_dir = Path(run_dir)
+    task_obj = _task(task, eval_kwargs)
+    n_layers, n_heads = _shape(model)
+    identity = model_identity(model)
+    shots = task_obj.default_shots if shots is None else shots
+    run = {
+        "model": {"name": model_name or identity["name_or_path"] or identity["class"], "identity": identity},
+        "task": task_obj.name,
+        "shots": shots,
+        "limit": limit,
+        "seed": seed,
+        "package_version": _version(),
+        "n_layers": n_layers,
+        "n_heads": n_heads,
+    }
+    _write_run(run_dir, run)
+    scores_path = run_dir / "calibration" / "scores.safetensors"
+    meta_path = run_dir / "calibration" / "meta.json"
+    cal_task = task_obj if calibration_task is None else _task(calibration_task, eval_kwargs)
+    cal_limit = limit if calibration_limit is None else calibration_limit
+    if scores_path.is_file() and meta_path.is_file():
+        old = json.loads(meta_path.read_text(encoding="utf-8"))
+        wanted = {"task": cal_task.name, "task_items": _task_fingerprint(cal_task), "limit": cal_limit, "seed": seed}
+        if any(old.get(k) != v for k, v in wanted.items()):
+            raise ValueError(f"{run_dir} holds a different calibration ({old}); use a new run directory")
+        with contextlib.suppress(Exception):  # a torn or foreign file: record again
+            return HeadScores.load(scores_path)
+    kwargs = {k: v for k, v in eval_kwargs.items() if k not in ("data_dir", "source")}
+    t0 = time.perf_counter()
+    result = evaluation.evaluate(
+        model,
+        tokenizer,
+        cal_task,
+        shots=shots,
+        limit=cal_limit,
+        seed=seed,
+        batch_size=batch_size,
+        record=True,
+        **kwargs,
+    )
+    scores = result.scores
+    if scores is None:
+        raise RuntimeError("evaluate(record=True) returned no scores")
+    meta = {
+        "task": cal_task.name,
+        "task_items": _task_fingerprint(cal_task),
+        "shots": shots,
+        "limit": cal_limit,
+        "seed": seed,
+        "rows": scores.shape[0],
+        "n_items": result.n_items,
+        "accuracy": _result_cell(result, n_layers, n_heads)["accuracy"],
+        "seconds": time.perf_counter() - t0,
+    }
+    scores.meta.update(meta)
+    scores.save(scores_path)
+    atomic_write_json(meta_path, meta)  # written last: its presence marks a complete calibration
+    return scores
+
+
+def sweep(
+    model: torch.nn.Module,
+    tokenizer: Any,
+    task: str | Task,
+    run_dir: str | Path,
+    *,
+    scores: str | Sequence[str] = "all",
+    targets: Iterable[float] = DEFAULT_TARGETS,
+    shots: int | None = None,
+    limit: int | None = None,
+    seed: int = 0,
+    batch_size: int = 8,
+    calibration_task: str | Task | None = None,
+    calibration_limit: int | None = None,
+    model_name: str | None = None,
+    progress: bool = True,
+    on_cell: Callable[[str, dict[str, Any]], None] | None = None,
+    **eval_kwargs: Any,
+) -> list[dict[str, Any]]:
+    """Calibrate (unless done), then evaluate the baseline and every (score, target) cell not already stored.
+
+    Each target ``p`` becomes a threshold from the pooled calibration CDF (:func:`thresholds_from_cdf`), evaluated
+    with ``Policy(score=name, threshold=t, seed=seed)``. ``on_cell(key, cell)`` is called after each new cell is
+    stored. Returns all cells of the grid (baseline first). Batch size is not part of a cell's key.
+    """
+    run_dir = Path(run_dir)
+    task_obj = _task(task, eval_kwargs)
+    shots = task_obj.default_shots if shots is None else shots
+    common = dict(shots=shots, limit=limit, seed=seed, batch_size=batch_size)
+    cal = calibrate(
+        model,
+        tokenizer,
+        task_obj,
+        run_dir,
+        calibration_task=calibration_task,
+        calibration_limit=calibration_limit,
+        model_name=model_name,
+        **common,
+        **eval_kwargs,
+    )
+    run = json.loads((run_dir / "run.json").read_text(encoding="utf-8"))
+    if scores == "all":
+        names = [n for n in SCORE_FUNCTIONS if n in cal]
+    else:
+        names = [scores] if isinstance(scores, str) else list(scores)
+    unknown = [n for n in names if n not in SCORE_FUNCTIONS or n not in cal]
+    if unknown:
+        raise ValueError(f"scores {unknown} are not registered or not in the calibration")
+    ps = [float(p) for p in targets]
+    thresholds = thresholds_for(cal, ps, names)
+    base_fields = {k: run[k] for k in ("task", "shots", "limit", "seed", "package_version")}
+    base_fields["model"] = run["model"]["identity"]
+    base_fields["task_items"] = _task_fingerprint(task_obj)  # same name, other files: other answers
+    grid: list[tuple[str | None, float | None, float | None]] = [(None, None, None)]
+    grid += [(n, p, thresholds[n][i]) for i, p in enumerate(ps) for n in names]  # target-major: early full picture
+
+    store = ResultStore(run_dir / "cells", required=CELL_FIELDS)
+    keys = [cell_key(**base_fields, score=s, threshold=t) for s, _, t in grid]
+    kwargs = {k: v for k, v in eval_kwargs.items() if k not in ("data_dir", "source")}
+    n_layers, n_heads = run["n_layers"], run["n_heads"]
+    done = sum(store.has(k) for k in set(keys))
+    bar = None
+    if progress:
+        from tqdm.auto import tqdm
+
+        bar = tqdm(total=len(set(keys)), initial=done, desc=f"sweep {run['model']['name']}", unit="cell")
+    seen: set[str] = set()
+    try:
+        for (score, target, threshold), key in zip(grid, keys, strict=True):
+            if key in seen:  # two targets tied to one threshold: one cell answers both
+                continue
+            seen.add(key)
+            if store.has(key):
+                continue
+            policy = None if score is None else Policy(score=score, threshold=threshold, seed=seed)
+            result = evaluation.evaluate(model, tokenizer, task_obj, policy=policy, **common, **kwargs)
+            cell = {
+                "score": score,
+                "target": target,
+                "threshold": threshold,
+                "inactive_when": None if score is None else SCORE_FUNCTIONS[score].inactive_when,
+                **_result_cell(result, n_layers, n_heads),
+            }
+            store.put(key, cell)
+            if on_cell is not None:
+                on_cell(key, cell)
+            if bar is not None:
+                bar.update(1)
+                bar.set_postfix_str(f"{score or 'baseline'} p={target}")
+    finally:
+        if bar is not None:
+            bar.close()
+    return [store.get(k) for k in dict.fromkeys(keys)]

@@ -1,0 +1,102 @@
+"""Thresholds from the pooled empirical CDF of recorded scores.
+
+For a score function and a target fraction ``p``, the sweep zeroes, per input and per layer, every head whose score
+passes one global threshold. The threshold is chosen on calibration scores pooled over rows x layers x heads so that
+the fraction of pooled values passing is as close as possible to ``p``.
+
+Quantile convention (``n`` pooled values, sorted ascending ``s[0] <= ... <= s[n-1]``):
+
+* ``"below"`` (pass when ``score < t``): with distinct values, ``t = s[k]`` with ``k = round(p * n)`` makes exactly
+  ``k`` values pass; this is the "lower" empirical ``p``-quantile taken at index ``round(p*n)``. For ``k = n`` the
+  threshold is the next float32 above ``s[n-1]``.
+* ``"above"`` (pass when ``score > t``): the mirror image, ``t = s[n-1-k]``, i.e. the ``(1-p)``-quantile; for ``k = n``
+  the next float32 below ``s[0]``.
+* Ties: a threshold can only make whole groups of equal values pass, so the achievable counts are the numbers of
+  values strictly below (above) each distinct value, plus ``n``. The achievable count nearest ``p * n`` is chosen, the
+  smaller one when two are equally near (zero less when in doubt). Without ties ``|fraction - p| <= 1/(2n)``.
+* ``p = 0`` always gives count 0 (``t = s[0]`` resp. ``s[n-1]``): nothing is zeroed.
+* NaN scores never pass a strict comparison; they stay in the denominator ``n`` but are never counted.
+
+Thresholds are float32 values returned as Python floats (exact), because the engine compares float32 scores with them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+
+import numpy as np
+import torch
+
+__all__ = ["DEFAULT_TARGETS", "fraction_passing", "thresholds_for", "thresholds_from_cdf"]
+
+#: Target fractions of heads to zero: 0 %, 5 %, ..., 30 %.
+DEFAULT_TARGETS: tuple[float, ...] = (0.0, 0.05, 0.10, 0.15, 0.20, 0.25, 0.30)
+
+
+def _as_float32(scores: torch.Tensor | np.ndarray | Sequence[float]) -> np.ndarray:
+    if isinstance(scores, torch.Tensor):
+        return scores.detach().to("cpu", torch.float32).reshape(-1).numpy()
+    return np.asarray(scores, dtype=np.float32).reshape(-1)
+
+
+def _check(inactive_when: str, targets: Iterable[float]) -> list[float]:
+    if inactive_when not in ("above", "below"):
+        raise ValueError(f"inactive_when must be 'above' or 'below', got {inactive_when!r}")
+    ps = [float(p) for p in targets]
+    bad = [p for p in ps if not 0.0 <= p <= 1.0]
+    if bad:
+        raise ValueError(f"target fractions must lie in [0, 1], got {bad}")
+    return ps
+
+
+def _below(values: np.ndarray, n_total: int, ps: list[float]) -> list[float]:
+    s = np.sort(values[~np.isnan(values)])
+    if s.size == 0:
+        raise ValueError("no finite scores to take thresholds from")
+    top = np.nextafter(s[-1], np.float32(np.inf), dtype=np.float32)
+    candidates = np.append(np.unique(s), top).astype(np.float32)
+    # Actual counts under the strict `<` the engine uses; this also handles +inf maxima where `top` cannot pass all.
+    counts = np.searchsorted(s, candidates, side="left")
+    out = []
+    for p in ps:
+        # argmin returns the first minimum, and counts ascend, so ties resolve to the smaller count.
+        i = int(np.argmin(np.abs(counts - p * n_total)))
+        out.append(float(candidates[i]))
+    return out
+
+
+def thresholds_from_cdf(
+    scores: torch.Tensor | np.ndarray, inactive_when: str, targets: Iterable[float] = DEFAULT_TARGETS
+) -> list[float]:
+    """One threshold per target fraction, from the pooled empirical CDF of ``scores`` (any shape, e.g. ``[N, L, H]``).
+
+    ``inactive_when="below"`` gives the ``p``-quantile, ``"above"`` the ``(1-p)``-quantile, with the convention in the
+    module docstring: the fraction of pooled values passing is the achievable one nearest ``p``; ``p=0`` passes none.
+    """
+    ps = _check(inactive_when, targets)
+    values = _as_float32(scores)
+    if inactive_when == "below":
+        return _below(values, values.size, ps)
+    # x > t  <=>  -x < -t, and float32 negation is exact.
+    return [-t for t in _below(-values, values.size, ps)]
+
+
+def fraction_passing(scores: torch.Tensor | np.ndarray, inactive_when: str, threshold: float) -> float:
+    """Fraction of the pooled ``scores`` that pass ``threshold`` (strict, compared in float32 like the engine)."""
+    values = _as_float32(scores)
+    t = np.float32(threshold)
+    passed = values < t if inactive_when == "below" else values > t
+    return float(passed.mean()) if values.size else 0.0
+
+
+def thresholds_for(
+    scores: Mapping[str, torch.Tensor],
+    targets: Iterable[float] = DEFAULT_TARGETS,
+    names: Iterable[str] | None = None,
+) -> dict[str, list[float]]:
+    """Thresholds per registered score function recorded in ``scores`` (a :class:`HeadScores`): name -> list."""
+    from .scores import SCORE_FUNCTIONS
+
+    ps = list(targets)
+    chosen = list(scores) if names is None else list(names)
+    return {n: thresholds_from_cdf(scores[n], SCORE_FUNCTIONS[n].inactive_when, ps) for n in chosen}

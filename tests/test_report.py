@@ -1,0 +1,153 @@
+import contextlib
+import json
+import re
+
+import numpy as np
+import pytest
+import torch
+
+from inactive_heads.analysis import Curve, common_fraction_range, max_zeroed_within, normalized_auc
+from inactive_heads.report import CELL_FIELDS, _pairwise_w1, compare_runs, load_run, write_report
+from inactive_heads.scores import SCORE_FUNCTIONS, HeadScores
+from inactive_heads.store import ResultStore, atomic_write_json, cell_key
+
+_TARGETS = (0.0, 0.05, 0.10, 0.15, 0.20, 0.25, 0.30)
+# (knee, slope): accuracy stays at baseline until the knee, then falls linearly.
+_SHAPES = {"ahon": (0.15, 1.0), "awft": (0.05, 2.0), "ahon_ln": (0.22, 0.5), "random": (0.0, 1.5)}
+
+
+def _make_run(root, name, n_layers, n_heads, seed, baseline=0.62):
+    g = torch.Generator().manual_seed(seed)
+    run_dir = root / name
+    atomic_write_json(
+        run_dir / "run.json",
+        {
+            "model": {"name": name, "identity": {"format": "hub", "spec": name}},
+            "task": "piqa",
+            "shots": 0,
+            "limit": 50,
+            "seed": seed,
+            "package_version": "0.1.0",
+            "n_layers": n_layers,
+            "n_heads": n_heads,
+        },
+    )
+    scores = HeadScores({n: torch.rand(16, n_layers, n_heads, generator=g) + seed for n in _SHAPES}, {"rows": 16})
+    scores.save(run_dir / "calibration" / "scores.safetensors")
+    atomic_write_json(run_dir / "calibration" / "meta.json", {"task": "piqa", "rows": 16})
+    store = ResultStore(run_dir / "cells")
+    base_cell = dict.fromkeys(CELL_FIELDS)
+    base_cell.update(accuracy=baseline, acc_norm=baseline, mean_ll_correct=-1.0, fraction_zeroed=0.0, n_items=50)
+    base_cell.update(per_layer=[0.0] * n_layers, per_head=[[0.0] * n_heads] * n_layers, seconds=1.0)
+    store.put(cell_key(model=name, score=None), base_cell)
+    rng = np.random.default_rng(seed)
+    for score, (knee, slope) in _SHAPES.items():
+        for p in _TARGETS:
+            frac = 0.0 if p == 0 else float(p + rng.uniform(-0.01, 0.01))
+            acc = baseline - slope * max(0.0, frac - knee) + float(rng.uniform(-0.002, 0.002))
+            per_head = (torch.rand(n_layers, n_heads, generator=g) * 2 * frac).clamp(0, 1).tolist()
+            cell = {
+                "score": score,
+                "target": p,
+                "threshold": 0.1 * p,
+                "inactive_when": SCORE_FUNCTIONS[score].inactive_when,
+                "accuracy": acc,
+                "acc_norm": acc,
+                "mean_ll_correct": -1.0 - frac,
+                "fraction_zeroed": frac,
+                "per_layer": [frac] * n_layers,
+                "per_head": per_head,
+                "n_items": 50,
+                "seconds": 2.0,
+            }
+            store.put(cell_key(model=name, score=score, threshold=0.1 * p), cell)
+    (run_dir / "cells" / "deadbeef.json").write_text('{"score": "ahon", "accur')  # a torn file must be ignored
+    return run_dir
+
+
+def _expected_table2(run_dir):
+    # Recompute from the raw cell files, independently of RunData.
+    cells = []
+    for p in (run_dir / "cells").glob("*.json"):
+        with contextlib.suppress(ValueError):
+            cells.append(json.loads(p.read_text()))
+    baseline = next(c["accuracy"] for c in cells if c["score"] is None)
+    curves = {s: sorted((c["fraction_zeroed"], c["accuracy"]) for c in cells if c["score"] == s) for s in _SHAPES}
+    hi = common_fraction_range([Curve(s, pts, baseline) for s, pts in curves.items()])
+    return {
+        s: (f"{100 * max_zeroed_within(pts, baseline, 0.01):.1f}", f"{normalized_auc(pts, baseline, hi):.3f}")
+        for s, pts in curves.items()
+    }
+
+
+def _md_table_rows(md, section_title):
+    section = md.split(f"## {section_title}")[1].split("\n## ")[0]
+    rows = {}
+    for line in section.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) == 5 and cells[0] in _SHAPES:
+            rows[cells[0]] = cells
+    return rows
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("runs")
+    return [_make_run(root, "tiny-a", 4, 6, seed=0), _make_run(root, "tiny-b", 6, 4, seed=1, baseline=0.70)]
+
+
+def test_load_run_skips_torn_cells(runs):
+    run = load_run(runs[0])
+    assert run.name == "tiny-a" and run.baseline == pytest.approx(0.62)
+    assert len(run.cells) == 1 + len(_SHAPES) * len(_TARGETS)
+    assert run.scores is not None and run.scores.shape == (16, 4, 6)
+    assert set(run.curves()) == set(_SHAPES)
+    assert run.calibration_meta == {"task": "piqa", "rows": 16}
+
+
+@pytest.fixture(scope="module")
+def report(runs, tmp_path_factory):
+    return write_report(runs, tmp_path_factory.mktemp("report"))
+
+
+def test_report_table2_matches_analysis_of_stored_cells(runs, report):
+    md = report[0].read_text(encoding="utf-8")
+    for run_dir, title in zip(runs, ["tiny-a — piqa", "tiny-b — piqa"], strict=True):
+        rows = _md_table_rows(md, title)
+        expected = _expected_table2(run_dir)
+        assert set(rows) == set(_SHAPES)
+        for score, (max_pct, auc) in expected.items():
+            assert rows[score][2] == max_pct, score
+            assert rows[score][3] == auc, score
+        # Ranks follow max % zeroed: ahon_ln (knee 0.22) beats ahon (0.15) beats awft (0.05) and random (0.0).
+        order = sorted(rows, key=lambda s: float(rows[s][4]))
+        assert order[:2] == ["ahon_ln", "ahon"]
+        assert rows["ahon"][1] == SCORE_FUNCTIONS["ahon"].label
+    assert "Wasserstein" in md and "tiny-a vs tiny-b" in md
+    assert _pairwise_w1([load_run(runs[0])]) is None  # the W1 section needs two runs
+
+
+def test_report_files_and_self_contained_html(report):
+    md_path, html_path = report
+    md = md_path.read_text(encoding="utf-8")
+    page = html_path.read_text(encoding="utf-8")
+    linked = re.findall(r"!\[[^\]]*\]\(([^)]+)\)", md)
+    assert len(linked) == 6  # 2 x (curves, head heatmap), rank heatmap, CDFs
+    for name in linked:
+        assert (md_path.parent / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    refs = re.findall(r"""(?:src|href)\s*=\s*["']([^"']*)""", page, flags=re.I)
+    assert len(refs) == len(linked) and all(r.startswith("data:image/png;base64,") for r in refs)
+    assert "<link" not in page and "http://" not in page and "https://" not in page and "url(" not in page
+    assert "<table>" in page and "ahon" in page
+
+
+def test_compare_runs_across_layer_counts(runs, tmp_path):
+    text, fig = compare_runs(runs[0], runs[1], out_dir=tmp_path)
+    assert fig.read_bytes()[:4] == b"\x89PNG"
+    for score in _SHAPES:
+        assert f"| {score} |" in text
+    a, b = load_run(runs[0]).scores, load_run(runs[1]).scores
+    # tiny-b's scores are tiny-a's distribution shifted by 1 (seed offset), so pooled W1 is close to 1.
+    w = float(next(line for line in text.splitlines() if line.startswith("| ahon |")).split("|")[2])
+    assert w == pytest.approx(1.0, abs=0.15)
+    assert a.shape[1] != b.shape[1]
