@@ -2,14 +2,15 @@
 
 Two kernels compute the same thing:
 
-* fused (CPU, no logit softcap): PyTorch's CPU flash kernel returns the log-sum-exp ``lse_i`` per query. With
-  ``[V | K]`` as values it also returns ``sum_j A_ij k_j``, so the entropy is ``lse_i - scale * q_i . (A k)_i`` and
-  the first-key weight is ``exp(scale * q_i . k_0 - lse_i)``: no probability is ever materialised.
-* chunked eager (softcapped logits, where the identity above breaks, and other devices): softmax over query chunks,
-  so extra memory is ``O(B * H * chunk * S)``.
+* fused (CPU, no logit softcap): PyTorch's CPU flash kernel returns the log-sum-exp ``lse_i`` per query. A second
+  call with K in place of V returns ``(A k)_i = sum_j A_ij k_j``, so the entropy is ``lse_i - scale * q_i . (A k)_i``
+  and the first-key weight is ``exp(scale * q_i . k_0 - lse_i)``: no probability is ever materialised.
+* chunked eager (softcapped logits, where the identities break, and devices without the CPU kernel): softmax over
+  query chunks, so extra memory is ``O(B * H * chunk * T)``.
 
-Rows are described by the additive mask alone: query ``i`` is real iff it may attend to its own position, a key is
-real iff some real query attends to it. That holds for left and right padding and for KV-cache decoding.
+Rows are described by the mask alone: query ``i`` is real iff it may attend to its own position, a key is real iff
+some real query attends to it. That holds for left and right padding and for KV-cache decoding. No mask means
+PyTorch's ``is_causal`` (top-left aligned; every key when there is one query), as in transformers' SDPA path.
 """
 
 from __future__ import annotations
@@ -24,13 +25,13 @@ __all__: list[str] = []  # internal module
 
 _CHUNK_ELEMENTS = 1 << 24  # logits per chunk of the eager kernel (64 MiB in float32)
 _ENTROPY_FLOOR = 1e-5
+_NEG = torch.finfo(torch.float32).min
 
 
 @dataclass
 class _Rows:
-    """Which positions of each row are real. Shapes: real_q [B,S], real_k [B,T], first_k/last_q/n_q/n_k [B]."""
+    """Real positions of each row: real_q [B,S], real_k [B,T]; first_k, last_q, n_q, n_k [B]."""
 
-    allowed: torch.Tensor  # bool [B,1,S,T]
     real_q: torch.Tensor
     real_k: torch.Tensor
     first_k: torch.Tensor
@@ -39,33 +40,35 @@ class _Rows:
     n_k: torch.Tensor
 
 
-def additive_mask(mask: torch.Tensor | None, batch: int, q_len: int, kv_len: int, device: torch.device) -> torch.Tensor:
-    """A float32 additive mask ``[B,1,S,T]`` (0 = attend) from whatever the model passed (float, bool or None)."""
+def _allowed(mask: torch.Tensor | None, batch: int, q_len: int, kv_len: int) -> torch.Tensor | None:
+    """bool [B,1,S,T] of permitted (query, key) pairs from a bool or additive float mask; None stays None."""
     if mask is None:
-        # No mask from the model means plain causal attention, aligned at the end as in KV-cache decoding.
-        q_pos = torch.arange(kv_len - q_len, kv_len, device=device)[:, None]
-        keep = torch.arange(kv_len, device=device)[None, :] <= q_pos
-        return torch.where(keep, 0.0, torch.finfo(torch.float32).min).expand(batch, 1, q_len, kv_len)
+        return None
     mask = mask[:, :, :, :kv_len]
-    if mask.dtype == torch.bool:
-        return torch.where(mask, 0.0, torch.finfo(torch.float32).min).expand(batch, 1, q_len, kv_len)
-    floor = torch.finfo(mask.dtype).min / 2
-    out = mask.to(torch.float32)
-    # Re-saturate: a bf16 "minus infinity" must stay below every real logit in float32 too.
-    return torch.where(mask > floor, out, torch.finfo(torch.float32).min).expand(batch, 1, q_len, kv_len)
+    if mask.dtype != torch.bool:
+        mask = mask > torch.finfo(mask.dtype).min / 2
+    return mask.expand(batch, 1, q_len, kv_len)
 
 
-def _rows(mask: torch.Tensor) -> _Rows:
-    _batch, _, q_len, kv_len = mask.shape
-    allowed = mask > torch.finfo(torch.float32).min / 2
-    diag = torch.arange(q_len, device=mask.device) + (kv_len - q_len)
-    real_q = allowed[:, 0, torch.arange(q_len, device=mask.device), diag]
-    real_k = (allowed[:, 0] & real_q[:, :, None]).any(dim=1)
+def _causal(q_len: int, kv_len: int, start: int, stop: int, device: torch.device) -> torch.Tensor:
+    """The implicit mask of queries start..stop-1 when no mask is given: bool [stop-start, T]."""
+    if q_len == 1:
+        return torch.ones(1, kv_len, dtype=torch.bool, device=device)
+    return torch.arange(kv_len, device=device)[None, :] <= torch.arange(start, stop, device=device)[:, None]
+
+
+def _rows(allowed: torch.Tensor | None, batch: int, q_len: int, kv_len: int, device: torch.device) -> _Rows:
+    if allowed is None:
+        real_q = torch.ones(batch, q_len, dtype=torch.bool, device=device)
+        reach = kv_len if q_len == 1 else q_len
+        real_k = (torch.arange(kv_len, device=device) < reach).expand(batch, kv_len)
+    else:
+        diag = torch.arange(q_len, device=device) + (kv_len - q_len)
+        real_q = allowed[:, 0, torch.arange(q_len, device=device), diag]
+        real_k = (allowed[:, 0] & real_q[:, :, None]).any(dim=1)
     first_k = torch.where(real_k.any(1), real_k.float().argmax(1), 0)
     last_q = q_len - 1 - real_q.flip(1).float().argmax(1)
-    n_q = real_q.sum(1).clamp(min=1)
-    n_k = real_k.sum(1).clamp(min=1)
-    return _Rows(allowed, real_q, real_k, first_k, last_q, n_q, n_k)
+    return _Rows(real_q, real_k, first_k, last_q, real_q.sum(1).clamp(min=1), real_k.sum(1).clamp(min=1))
 
 
 def _masked_mean(x: torch.Tensor, real: torch.Tensor, n: torch.Tensor) -> torch.Tensor:
@@ -80,25 +83,23 @@ def _gather_pos(x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
 
 
 def _fused(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, scale: float, want_ak: bool
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, allowed: torch.Tensor | None, scale: float, want_ak: bool
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
-    if not want_ak:
-        out, lse = flash(q, k, v, 0.0, False, attn_mask=mask, scale=scale)
-        return out, lse, None
-    dv = v.shape[-1]
-    # The kernel needs one head size for q, k and v: pad q and k with zeros to the width of [V | K].
-    q2 = torch.nn.functional.pad(q, (0, dv))
-    k2 = torch.nn.functional.pad(k, (0, dv))
-    out2, lse = flash(q2, k2, torch.cat([v, k], dim=-1), 0.0, False, attn_mask=mask, scale=scale)
-    return out2[..., :dv], lse, out2[..., dv:]
+    # The kernel takes only an additive mask of the query's dtype; without one it is causal (top-left) or full.
+    mask = None if allowed is None else torch.zeros(allowed.shape, dtype=q.dtype).masked_fill_(~allowed, _NEG)
+    causal = allowed is None and q.shape[2] > 1
+    out, lse = flash(q, k, v, 0.0, causal, attn_mask=mask, scale=scale)
+    # Two calls with head size D cost the same as one with [V | K] (2D) and need no padded copies of q and k.
+    ak = flash(q, k, k, 0.0, causal, attn_mask=mask, scale=scale)[0] if want_ak else None
+    return out, lse, ak
 
 
 def _chunked_eager(
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
-    mask: torch.Tensor,
+    allowed: torch.Tensor | None,
     scale: float,
     softcap: float | None,
     first_k: torch.Tensor,
@@ -110,15 +111,17 @@ def _chunked_eager(
     outs, ents, firsts = [], [], []
     first_idx = first_k.view(-1, 1, 1, 1)
     for start in range(0, q_len, chunk):
-        logits = torch.matmul(q[:, :, start : start + chunk], k.transpose(-1, -2)) * scale
+        stop = min(q_len, start + chunk)
+        keep = _causal(q_len, kv_len, start, stop, q.device) if allowed is None else allowed[:, :, start:stop]
+        logits = torch.matmul(q[:, :, start:stop], k.transpose(-1, -2)) * scale
         if softcap is not None:
             logits = torch.tanh(logits / softcap) * softcap
-        logits = logits + mask[:, :, start : start + chunk]
+        logits = logits.masked_fill(~keep, _NEG)
         lse = torch.logsumexp(logits, dim=-1, keepdim=True)
         probs = torch.exp(logits - lse)
         outs.append(torch.matmul(probs, v))
-        ents.append((lse - torch.where(probs > 0, probs * logits, 0.0).sum(-1, keepdim=True)).squeeze(-1))
-        firsts.append(probs.gather(-1, first_idx.expand(batch, heads, probs.shape[2], 1)).squeeze(-1))
+        ents.append((lse - (probs * logits).sum(-1, keepdim=True)).squeeze(-1))
+        firsts.append(probs.gather(-1, first_idx.expand(batch, heads, stop - start, 1)).squeeze(-1))
     return torch.cat(outs, 2), torch.cat(ents, 2), torch.cat(firsts, 2)
 
 
@@ -140,8 +143,8 @@ def attention_with_stats(
 ) -> tuple[torch.Tensor, LayerStats, _Rows]:
     """Attention of query [B,H,S,D] over key/value [B,Hkv,T,D] plus the raw statistics in ``needs``.
 
-    Returns the float32 output [B,H,S,Dv] (kernel layout, before the output projection), the statistics (float32
-    [B,H] each; ``random`` is left to the caller) and the row description. ``gram`` [H,Dv,Dv] is needed for fhon.
+    Returns the float32 output [B,H,S,Dv] (before the output projection), the statistics (float32 [B,H] each;
+    ``random`` is left to the caller) and the row description. ``gram`` [H,Dv,Dv] is needed for fhon.
     """
     batch, heads, q_len, _ = query.shape
     kv_len = key.shape[2]
@@ -149,24 +152,27 @@ def attention_with_stats(
     q = query.to(torch.float32)
     k = key.to(torch.float32).repeat_interleave(groups, dim=1)
     v = value.to(torch.float32).repeat_interleave(groups, dim=1)
-    mask = additive_mask(attention_mask, batch, q_len, kv_len, query.device)
-    rows = _rows(mask)
+    allowed = _allowed(attention_mask, batch, q_len, kv_len)
+    rows = _rows(allowed, batch, q_len, kv_len, query.device)
 
-    want_probs = bool(needs & {"awft", "aeqd"})
     entropy = first_w = None
     if _can_fuse(query, softcap):
-        out, lse, ak = _fused(q.contiguous(), k.contiguous(), v.contiguous(), mask, scale, "aeqd" in needs)
+        out, lse, ak = _fused(q.contiguous(), k.contiguous(), v.contiguous(), allowed, scale, "aeqd" in needs)
         if "aeqd" in needs:
             entropy = lse - scale * (q * ak).sum(-1)
         if "awft" in needs:
             k_first = _gather_pos(k, rows.first_k)  # [B,H,D]
-            mask_first = mask[:, 0].gather(2, rows.first_k.view(-1, 1, 1).expand(batch, q_len, 1)).squeeze(-1)
-            first_w = torch.exp(scale * (q * k_first[:, :, None]).sum(-1) + mask_first[:, None] - lse)
-    elif want_probs or query.device.type == "cpu":
-        out, entropy, first_w = _chunked_eager(q, k, v, mask, scale, softcap, rows.first_k)
-    else:
-        # Neither probabilities nor lse needed: any fused kernel will do.
-        out = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
+            first_w = torch.exp(scale * (q * k_first[:, :, None]).sum(-1) - lse)
+            if allowed is not None:  # queries that may not see the first real key give it no weight
+                sees_first = allowed[:, 0].gather(2, rows.first_k.view(-1, 1, 1).expand(batch, q_len, 1))
+                first_w = first_w * sees_first.squeeze(-1)[:, None]
+    elif needs & {"awft", "aeqd"} or query.device.type == "cpu":
+        out, entropy, first_w = _chunked_eager(q, k, v, allowed, scale, softcap, rows.first_k)
+    else:  # neither probabilities nor lse needed: any fused kernel will do
+        mask = None if allowed is None else torch.zeros(allowed.shape, device=q.device).masked_fill_(~allowed, _NEG)
+        out = torch.nn.functional.scaled_dot_product_attention(
+            q, k, v, attn_mask=mask, is_causal=allowed is None and q_len > 1, scale=scale
+        )
 
     stats = LayerStats()
     if "awft" in needs:
@@ -186,7 +192,7 @@ def attention_with_stats(
     if "fhon" in needs:
         if gram is None:
             raise ValueError("fhon needs the output projection's Gram matrices")
-        # ||W_h o||^2 = o^T (W_h^T W_h) o: a d_head x d_head form per head instead of a d_model vector per position.
-        quad = torch.einsum("bhsd,hde,bhse->bhs", out, gram, out)
+        # ||W_h o||^2 = o^T (W_h^T W_h) o: a d_head x d_head form per head, not a d_model vector per position.
+        quad = ((out @ gram) * out).sum(-1)
         stats.fhon = _masked_mean(quad.clamp(min=0).sqrt(), rows.real_q, rows.n_q)
     return out, stats, rows

