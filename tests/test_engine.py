@@ -188,3 +188,39 @@ def test_bfloat16_statistics_in_float32(tokenizer):
     assert scores["ahon"].dtype == torch.float32 and torch.isfinite(scores["ahon"]).all()
     ref = ih.record_scores(tiny_model("qwen2"), tokenizer, TEXTS[:2])
     torch.testing.assert_close(scores["awft"], ref["awft"], rtol=0.1, atol=0.02)
+
+
+@pytest.mark.parametrize("arch", ["llama", "gemma3", "gpt2"])
+def test_kv_cache_generation_equals_full_recompute(tokenizer, arch):
+    """Cached decoding (one query per step, no mask) zeroes the same heads as recomputing the whole prefix."""
+    model = tiny_model(arch)
+    mask = torch.zeros(3, 4, dtype=torch.bool)
+    mask[0, 1] = mask[2, 3] = True
+    ids = torch.tensor([tokenizer(TEXTS[3])["input_ids"]])
+    with torch.no_grad(), ih.zero_heads(model, mask=mask) as run:
+        cached = model.generate(ids, max_new_tokens=6, do_sample=False, use_cache=True, pad_token_id=0)
+        full = model.generate(ids, max_new_tokens=6, do_sample=False, use_cache=False, pad_token_id=0)
+    assert torch.equal(cached, full)
+    assert run.zeroed.all(0).equal(mask) and run.zeroed.any(0).equal(mask)
+
+
+def test_registered_score_is_recorded_and_drives_zeroing(tokenizer):
+    model = tiny_model("llama")
+
+    @ih.register_score("ahon_sq_test", label="AHON squared", needs={"ahon"})
+    def ahon_sq(stats):
+        return stats.ahon**2
+
+    try:
+        scores = ih.record_scores(model, tokenizer, TEXTS)
+        torch.testing.assert_close(scores["ahon_sq_test"], scores["ahon"] ** 2)
+        threshold = _threshold_between_values(scores["ahon_sq_test"][0, 0], 0.5)
+        with torch.no_grad(), ih.zero_heads(model, score="ahon_sq_test", threshold=threshold) as run:
+            model(input_ids=torch.tensor([tokenizer(TEXTS[0])["input_ids"]]))
+        # layer 0 decides on the recorded scores; later layers see the intervention, so their scores move
+        assert torch.equal(run.zeroed[0, 0], scores["ahon_sq_test"][0, 0] < threshold)
+        assert run.zeroed[0, 0].any() and not run.zeroed[0, 0].all()
+    finally:
+        del ih.SCORE_FUNCTIONS["ahon_sq_test"]
+    with pytest.raises(ValueError, match="unknown raw statistics"):
+        ih.register_score("bad", needs={"nope"})
