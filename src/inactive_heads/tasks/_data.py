@@ -87,7 +87,8 @@ def read_csv(path: Path, n_fields: int) -> list[tuple[int, list[str]]]:
 def field(row: Mapping[str, Any], key: str, path: Path | str, where: str, kind: type | tuple[type, ...] = str) -> Any:
     """``row[key]`` checked for presence and type, else a DataError naming file and row."""
     if key not in row:
-        raise DataError(f"{path}, {where}: missing field {key!r} (fields present: {sorted(k for k in row if k[0] != '_')})")
+        present = sorted(k for k in row if not k.startswith("_"))
+        raise DataError(f"{path}, {where}: missing field {key!r} (fields present: {present})")
     value = row[key]
     if not isinstance(value, kind):
         raise DataError(f"{path}, {where}: field {key!r} has type {type(value).__name__}, expected {kind}")

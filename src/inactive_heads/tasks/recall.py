@@ -1,0 +1,59 @@
+"""``recall``: a self-generated in-context recall task (no files), solved by induction heads.
+
+Each item lists words and asks for the one after a given word::
+
+    Words: apple, river, stone, cloud, ...
+    The word after 'river' is  ->  " stone" | " cloud" | " apple" | ...
+
+All four choices are words from the same list, so only copying the right successor (induction) beats chance
+(25%). Generated deterministically from ``seed``; the registered ``recall`` is ``recall_task()`` (200 items, seed 0).
+"""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+from . import Item, Task, register_task
+
+__all__ = ["WORDS", "recall_task"]
+
+WORDS = (
+    "apple", "river", "stone", "cloud", "horse", "table", "green", "music", "paper", "light", "water", "bread",
+    "chair", "dream", "flower", "garden", "island", "jacket", "kitten", "ladder", "mirror", "needle", "orange",
+    "pencil", "rabbit", "silver", "tiger", "violin", "window", "yellow", "anchor", "basket", "candle", "dragon",
+    "forest", "guitar", "hammer", "lemon", "market", "ocean", "planet", "rocket", "shadow", "tomato", "valley",
+    "wallet", "bottle", "castle", "desert", "engine", "finger", "monkey", "pepper", "school", "summer", "ticket",
+)
+
+
+def _generate(rng: random.Random, n_items: int, n_words: int, prefix: str) -> list[Item]:
+    items = []
+    for i in range(n_items):
+        words = rng.sample(WORDS, n_words)
+        k = rng.randrange(n_words - 1)
+        answer = words[k + 1]
+        distractors = rng.sample([w for w in words if w not in (answer, words[k])], 3)
+        choices = [answer, *distractors]
+        rng.shuffle(choices)
+        text = f"Words: {', '.join(words)}.\nThe word after '{words[k]}' is"
+        items.append(Item(f"{prefix}:{i}", (text,), tuple(choices), choices.index(answer)))
+    return items
+
+
+def recall_task(n_items: int = 200, seed: int = 0, n_words: int = 10) -> Task:
+    """``n_items`` recall questions over lists of ``n_words`` words, from ``seed`` (few-shot pool: 50 more)."""
+    if not 5 <= n_words <= len(WORDS):
+        raise ValueError(f"n_words must be in 5..{len(WORDS)}, got {n_words}")
+    rng = random.Random(seed)
+    items = _generate(rng, n_items, n_words, f"recall/{seed}")
+    pool = _generate(rng, 50, n_words, f"recall/{seed}/fewshot")
+    return Task(name="recall", items=items, metrics=("acc", "acc_norm"), default_shots=0, fewshot={"": pool},
+                split=f"generated(seed={seed}, n_items={n_items}, n_words={n_words})", fewshot_split="generated",
+                sources=[f"generated:recall(seed={seed}, n_items={n_items}, n_words={n_words})"])
+
+
+@register_task("recall", summary="generated in-context word recall, 200 items, 4 choices", sources=("files", "hub"))
+def recall(data_dir: Path | None, source: str) -> Task:
+    """The default recall task; needs no data directory."""
+    return recall_task()

