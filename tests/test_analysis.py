@@ -164,3 +164,9 @@ def test_zero_frequency():
     assert f.tolist() == [[0.0, 0.5, 0.0], [0.0, 0.0, 1.0]]
     with pytest.raises(ValueError):
         zero_frequency(torch.zeros(2, 3, dtype=torch.bool))
+
+
+def test_zero_baseline_gives_nan_auc_and_still_ranks():
+    rows = table2([Curve("a", [(0.1, 0.0)], 0.0), Curve("b", [(0.2, 0.0)], 0.0)])
+    assert all(math.isnan(r["auc"]) for r in rows)
+    assert [r["score"] for r in rows] == ["b", "a"]  # both stay within 1 pt of 0: the larger fraction wins

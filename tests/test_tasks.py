@@ -178,9 +178,11 @@ def test_recall_is_deterministic_and_well_formed():
     assert [x.contexts for x in a.items] == [x.contexts for x in b.items]
     assert [x.contexts for x in a.items] != [x.contexts for x in recall_task(50, seed=4).items]
     for it in a.items:
-        words = it.contexts[0].split("\n")[0].removeprefix("Words: ").rstrip(".").split(", ")
-        query = it.contexts[0].split("'")[1]
-        assert it.continuations[it.gold] == words[words.index(query) + 1]
+        listed, again = it.contexts[0].split("\n")
+        words = listed.removeprefix("Words: ").rstrip(".").split(", ")
+        repeated = again.removeprefix("Again: ").rstrip(",").split(", ")
+        assert len(repeated) >= 2 and words[: len(repeated)] == repeated
+        assert it.continuations[it.gold] == words[len(repeated)]
         assert len(set(it.continuations)) == 4 and set(it.continuations) <= set(words)
     assert len(get_task("recall").items) == 200
 

@@ -73,7 +73,8 @@ class Curve:
         return max_zeroed_within(self.points, self.baseline, tol)
 
     def auc(self, x_max: float | None = None) -> float:
-        return normalized_auc(self.points, self.baseline, x_max)
+        """:func:`normalized_auc`; NaN when the baseline accuracy is 0 (nothing to normalise by)."""
+        return normalized_auc(self.points, self.baseline, x_max) if self.baseline > 0 else math.nan
 
 
 def max_zeroed_within(curve_points: Iterable[Sequence[float]], baseline: float, tol: float = 0.01) -> float:
@@ -272,7 +273,10 @@ def table2(curves: Iterable[Curve], tol: float = 0.01, x_max: float | None = Non
         {"score": c.score, "label": c.label, "max_zeroed": c.max_zeroed_within(tol), "auc": c.auc(hi)} for c in curves
     ]
     # AUC is < ~1.5 in practice; scaling it below 1e-6 makes it a tie-breaker only.
-    combined = {r["score"]: r["max_zeroed"] + 1e-6 * r["auc"] for r in rows}  # type: ignore[operator]
+    combined = {
+        r["score"]: r["max_zeroed"] + (0.0 if math.isnan(r["auc"]) else 1e-6 * r["auc"])  # type: ignore[operator, arg-type]
+        for r in rows
+    }
     ranks = rank_scores(combined)
     for r in rows:
         r["rank"] = ranks[r["score"]]  # type: ignore[index]

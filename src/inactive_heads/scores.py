@@ -168,6 +168,28 @@ class HeadScores(Mapping[str, torch.Tensor]):
         names = parts[0].names
         return HeadScores({n: torch.cat([p[n] for p in parts]) for n in names}, parts[0].meta)
 
+    def derive(self, names: Iterable[str]) -> HeadScores:
+        """These scores plus registered scores ``names`` computed from the raw statistics recorded here.
+
+        Every raw statistic is recorded as the score of the same name, so a score function registered after
+        recording needs no new forward pass. Raises ``KeyError`` naming what is missing.
+        """
+        out = dict(self._tensors)
+        rows, layers, heads = self.shape
+        for name in names:
+            if name in out:
+                continue
+            if name not in SCORE_FUNCTIONS:
+                raise KeyError(f"score {name!r} is not registered; register it with ih.register_score")
+            spec = SCORE_FUNCTIONS[name]
+            missing = sorted(spec.needs - set(self._tensors))
+            if missing:
+                raise KeyError(f"score {name!r} needs raw statistics {missing} that were not recorded")
+            # Score functions act on [batch, heads]; rows x layers flatten into the batch dimension.
+            stats = LayerStats(**{n: self._tensors[n].reshape(-1, heads) for n in spec.needs})
+            out[name] = spec(stats).reshape(rows, layers, heads).to(torch.float32)
+        return HeadScores(out, self.meta)
+
     def save(self, path: str | Path) -> None:
         """Write ``path`` (safetensors, metadata inside) atomically."""
         from safetensors.torch import save

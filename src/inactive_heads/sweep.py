@@ -55,6 +55,15 @@ def model_identity(model: torch.nn.Module) -> dict[str, Any]:
     }
 
 
+def _display_name(identity: dict[str, Any]) -> str:
+    # A GGUF loads from a cache directory; the name users know is the file's (or directory's) own.
+    spec = (identity["source"] or {}).get("spec") or identity["name_or_path"]
+    if not spec:
+        return identity["class"]
+    path = Path(str(spec).rstrip("/"))
+    return path.stem if path.suffix == ".gguf" else path.name if path.exists() else str(spec)
+
+
 def _shape(model: torch.nn.Module) -> tuple[int, int]:
     config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
     layers = getattr(config, "num_hidden_layers", None) or getattr(config, "n_layer", None)
@@ -76,26 +85,24 @@ def _task_fingerprint(task: Task) -> str:
     return digest.hexdigest()[:16]
 
 
-def _result_cell(result: Any, n_layers: int, n_heads: int) -> dict[str, Any]:
-    # Read EvalResult fields by their current names, falling back to the flat names of the spec.
-    metrics = getattr(result, "metrics", None) or {}
-    timing = getattr(result, "timing", None) or {}
-
-    def pick(*candidates: Any) -> Any:
-        return next((c for c in candidates if c is not None), None)
-
-    frac = pick(getattr(result, "zeroed_fraction", None), getattr(result, "fraction_zeroed", None), 0.0)
-    per_layer = pick(getattr(result, "zeroed_per_layer", None), getattr(result, "per_layer", None))
-    per_head = pick(getattr(result, "zeroed_per_head", None), getattr(result, "per_head", None))
+def _result_cell(result: evaluation.EvalResult, n_layers: int, n_heads: int) -> dict[str, Any]:
+    no_policy = result.zeroed_per_layer is None
     return {
-        "accuracy": float(pick(metrics.get("acc"), getattr(result, "accuracy", None))),
-        "acc_norm": pick(metrics.get("acc_norm"), getattr(result, "acc_norm", None)),
-        "mean_ll_correct": pick(getattr(result, "gold_loglikelihood", None), getattr(result, "mean_ll_correct", None)),
-        "fraction_zeroed": float(frac),
-        "per_layer": per_layer if per_layer is not None else [0.0] * n_layers,
-        "per_head": per_head if per_head is not None else [[0.0] * n_heads for _ in range(n_layers)],
-        "n_items": int(pick(getattr(result, "n_items", None), 0)),
-        "seconds": float(pick(timing.get("total_s"), getattr(result, "seconds", None), 0.0)),
+        "accuracy": float(result.metrics["acc"]),
+        "acc_norm": result.metrics.get("acc_norm"),
+        "mean_ll_correct": result.gold_loglikelihood,
+        "fraction_zeroed": 0.0 if result.zeroed_fraction is None else float(result.zeroed_fraction),
+        "per_layer": [0.0] * n_layers if no_policy else result.zeroed_per_layer,
+        "per_head": [[0.0] * n_heads for _ in range(n_layers)] if no_policy else result.zeroed_per_head,
+        "n_items": result.n_items,
+        "seconds": float(result.timing["total_s"]),
+        "per_item": {
+            "ids": result.item_ids,
+            "gold": result.gold,
+            "pred": result.pred,
+            "pred_norm": result.pred_norm,
+            "loglikelihoods": result.loglikelihoods,
+        },
     }
 
 
@@ -137,7 +144,7 @@ def calibrate(
     identity = model_identity(model)
     shots = task_obj.default_shots if shots is None else shots
     run = {
-        "model": {"name": model_name or identity["name_or_path"] or identity["class"], "identity": identity},
+        "model": {"name": model_name or _display_name(identity), "identity": identity},
         "task": task_obj.name,
         "shots": shots,
         "limit": limit,
@@ -182,7 +189,7 @@ def calibrate(
         "seed": seed,
         "rows": scores.shape[0],
         "n_items": result.n_items,
-        "accuracy": _result_cell(result, n_layers, n_heads)["accuracy"],
+        "accuracy": result.metrics["acc"],
         "seconds": time.perf_counter() - t0,
     }
     scores.meta.update(meta)
@@ -232,13 +239,16 @@ def sweep(
         **eval_kwargs,
     )
     run = json.loads((run_dir / "run.json").read_text(encoding="utf-8"))
-    if scores == "all":
-        names = [n for n in SCORE_FUNCTIONS if n in cal]
-    else:
-        names = [scores] if isinstance(scores, str) else list(scores)
-    unknown = [n for n in names if n not in SCORE_FUNCTIONS or n not in cal]
+    names = list(SCORE_FUNCTIONS) if scores == "all" else [scores] if isinstance(scores, str) else list(scores)
+    unknown = [n for n in names if n not in SCORE_FUNCTIONS]
     if unknown:
-        raise ValueError(f"scores {unknown} are not registered or not in the calibration")
+        raise ValueError(f"scores {unknown} are not registered; registered: {', '.join(SCORE_FUNCTIONS)}")
+    if any(n not in cal for n in names):  # registered after calibrating: derive from the recorded raw statistics
+        try:
+            cal = cal.derive(names)
+        except KeyError as e:
+            raise ValueError(f"{e.args[0]}; calibrate again in a new run directory") from None
+        cal.save(run_dir / "calibration" / "scores.safetensors")
     ps = [float(p) for p in targets]
     thresholds = thresholds_for(cal, ps, names)
     base_fields = {k: run[k] for k in ("task", "shots", "limit", "seed", "package_version")}

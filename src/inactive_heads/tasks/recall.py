@@ -1,12 +1,14 @@
 """``recall``: a self-generated in-context recall task (no files), solved by induction heads.
 
-Each item lists words and asks for the one after a given word::
+Each item lists words, then starts the list again; the answer is the next word of the list::
 
-    Words: apple, river, stone, cloud, ...
-    The word after 'river' is  ->  " stone" | " cloud" | " apple" | ...
+    Words: apple, river, stone, cloud, horse, ...
+    Again: apple, river,  ->  " stone" | " cloud" | " horse" | " apple"
 
-All four choices are words from the same list, so only copying the right successor (induction) beats chance
-(25%). Generated deterministically from ``seed``; the registered ``recall`` is ``recall_task()`` (200 items, seed 0).
+All four choices are words from the same list, so only copying the right successor (induction: find the previous
+occurrence of the current word, copy what followed it) beats chance (25%). SmolLM2-135M-Instruct scores ~95%,
+which makes the task a sensitive probe of zeroing offline, where the standard benchmarks leave small models near
+chance. Generated deterministically from ``seed``; the registered ``recall`` is ``recall_task()`` (200 items).
 """
 
 from __future__ import annotations
@@ -31,12 +33,12 @@ def _generate(rng: random.Random, n_items: int, n_words: int, prefix: str) -> li
     items = []
     for i in range(n_items):
         words = rng.sample(WORDS, n_words)
-        k = rng.randrange(n_words - 1)
+        k = rng.randrange(1, n_words - 1)  # at least two words repeated before the answer
         answer = words[k + 1]
         distractors = rng.sample([w for w in words if w not in (answer, words[k])], 3)
         choices = [answer, *distractors]
         rng.shuffle(choices)
-        text = f"Words: {', '.join(words)}.\nThe word after '{words[k]}' is"
+        text = f"Words: {', '.join(words)}.\nAgain: {', '.join(words[: k + 1])},"
         items.append(Item(f"{prefix}:{i}", (text,), tuple(choices), choices.index(answer)))
     return items
 

