@@ -77,12 +77,12 @@ def test_calibrate_sweep_report_compare_chain(model_dirs, tmp_path, monkeypatch,
     calls = []
     real = evaluation.evaluate
     monkeypatch.setattr(evaluation, "evaluate", lambda *a, **k: calls.append(k) or real(*a, **k))
-    assert main(["--plugin", str(plugin), *sweep, "--scores", "ahon_ln,awft,random,ahon_sq"]) == 0
+    assert main([*sweep, "--plugin", str(plugin), "--scores", "ahon_ln,awft,random,ahon_sq"]) == 0
     assert len(calls) == 2 and all(k["policy"].score == "ahon_sq" and not k.get("record") for k in calls)
     derived = HeadScores.load(run / "calibration" / "scores.safetensors")
     torch.testing.assert_close(derived["ahon_sq"], cal["ahon"] ** 2)
     calls.clear()
-    assert main(["--plugin", str(plugin), *sweep, "--scores", "ahon_ln,awft,random,ahon_sq"]) == 0
+    assert main([*sweep, "--plugin", str(plugin), "--scores", "ahon_ln,awft,random,ahon_sq"]) == 0
     assert calls == []
 
     capsys.readouterr()
@@ -122,12 +122,13 @@ def test_calibrate_sweep_report_compare_chain(model_dirs, tmp_path, monkeypatch,
         (["sweep", "--model", "/no/such/model", "--task", "recall"], "does not exist"),
         (["sweep", "--model", "{model}", "--task", "nope"], "unknown task 'nope'"),
         (["sweep", "--model", "{model}", "--task", "recall", "--limit", "2", "--scores", "bogus"], "not registered"),
-        (["--plugin", "/no/such.py", "list"], "plugin file"),
+        (["list", "--plugin", "/no/such.py"], "plugin file"),
         (["report", "{tmp}", "-o", "{tmp}/out"], "not a run directory"),
         (["sweep", "--model", "{model}", "--task", "piqa", "--data-dir", "{tmp}"], "piqa"),
     ],
 )
-def test_bad_input_is_one_line_and_exit_2(model_dirs, tmp_path, capsys, argv, message):
+def test_bad_input_is_one_line_and_exit_2(model_dirs, tmp_path, monkeypatch, capsys, argv, message):
+    monkeypatch.chdir(tmp_path)  # default run directories go under the working directory
     argv = [a.format(model=model_dirs[0], tmp=tmp_path) for a in argv]
     assert main(argv) == 2
     err = capsys.readouterr().err.strip().splitlines()

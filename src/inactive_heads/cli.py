@@ -218,35 +218,39 @@ def _parser() -> argparse.ArgumentParser:
         prog="inactive-heads", description="Find attention heads that do nothing, zero them, measure the cost."
     )
     parser.add_argument("--version", action="version", version=f"inactive-heads {__version__}")
-    parser.add_argument(
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument(
         "--plugin", action="append", default=[], help="a .py file or module registering scores or tasks (repeatable)"
     )
     sub = parser.add_subparsers(dest="command", required=True)
 
-    p = sub.add_parser("calibrate", help="record every score on the calibration rows")
+    def add(name: str, text: str) -> argparse.ArgumentParser:
+        return sub.add_parser(name, help=text, parents=[common])
+
+    p = add("calibrate", "record every score on the calibration rows")
     _add_run_options(p)
     p.set_defaults(fn=_cmd_calibrate)
 
-    p = sub.add_parser("sweep", help="baseline + dynamic zeroing for every (score, target); resumable")
+    p = add("sweep", "baseline + dynamic zeroing for every (score, target); resumable")
     _add_run_options(p)
     _add_sweep_options(p, "all", DEFAULT_TARGETS)
     p.set_defaults(fn=_cmd_sweep)
 
-    p = sub.add_parser("report", help="Markdown + self-contained HTML report over run directories")
+    p = add("report", "Markdown + self-contained HTML report over run directories")
     p.add_argument("run_dirs", nargs="+", type=Path)
     p.add_argument("-o", "--out", type=Path, required=True)
     p.set_defaults(fn=_cmd_report)
 
-    p = sub.add_parser("compare", help="Wasserstein distances between two runs' score distributions")
+    p = add("compare", "Wasserstein distances between two runs' score distributions")
     p.add_argument("run_a", type=Path)
     p.add_argument("run_b", type=Path)
     p.add_argument("-o", "--out", type=Path, default=None, help="where the figure goes (default: RUN_A)")
     p.set_defaults(fn=_cmd_compare)
 
-    p = sub.add_parser("list", help="registered score functions and tasks")
+    p = add("list", "registered score functions and tasks")
     p.set_defaults(fn=_cmd_list)
 
-    p = sub.add_parser("demo", help="calibrate -> sweep -> report on SmolLM2-135M-Instruct and the recall task")
+    p = add("demo", "calibrate -> sweep -> report on SmolLM2-135M-Instruct and the recall task")
     _add_run_options(p, model_required=False, task="recall")
     _add_sweep_options(p, ",".join(_DEMO_SCORES), _DEMO_TARGETS)
     p.add_argument("-o", "--out", type=Path, default=Path("inactive-heads-demo"))

@@ -223,6 +223,10 @@ def sweep(
     with ``Policy(score=name, threshold=t, seed=seed)``. ``on_cell(key, cell)`` is called after each new cell is
     stored. Returns all cells of the grid (baseline first). Batch size is not part of a cell's key.
     """
+    names = list(SCORE_FUNCTIONS) if scores == "all" else [scores] if isinstance(scores, str) else list(scores)
+    unknown = [n for n in names if n not in SCORE_FUNCTIONS]
+    if unknown:
+        raise ValueError(f"scores {unknown} are not registered; registered: {', '.join(SCORE_FUNCTIONS)}")
     run_dir = Path(run_dir)
     task_obj = _task(task, eval_kwargs)
     shots = task_obj.default_shots if shots is None else shots
@@ -239,10 +243,6 @@ def sweep(
         **eval_kwargs,
     )
     run = json.loads((run_dir / "run.json").read_text(encoding="utf-8"))
-    names = list(SCORE_FUNCTIONS) if scores == "all" else [scores] if isinstance(scores, str) else list(scores)
-    unknown = [n for n in names if n not in SCORE_FUNCTIONS]
-    if unknown:
-        raise ValueError(f"scores {unknown} are not registered; registered: {', '.join(SCORE_FUNCTIONS)}")
     if any(n not in cal for n in names):  # registered after calibrating: derive from the recorded raw statistics
         try:
             cal = cal.derive(names)
