@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import dataclasses
 import importlib.util
 import json
 import os
@@ -28,6 +29,10 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT.parent / "shared" / "data"
 RESULTS = ROOT / "bench" / "RESULTS_eval.md"
+#: The 10 MMLU subjects with the shortest 5-shot prompts (parity test and speed runs: 10 items per subject, as in
+#: a full-subject run where the few-shot block of a subject is shared by all its questions).
+SHORT_MMLU_SUBJECTS = ("world_religions", "management", "conceptual_physics", "miscellaneous", "human_aging",
+                       "philosophy", "virology", "medical_genetics", "anatomy", "human_sexuality")
 
 
 def lm_eval_tasks_dir() -> Path:
@@ -168,10 +173,13 @@ def _compare(ours: Any, ref: dict[str, Any]) -> float:
 
 def main() -> None:
     from inactive_heads.evaluation import evaluate
+    from inactive_heads.tasks import get_task
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--tasks", nargs="*", default=["mmlu", "piqa"], help="speed comparison tasks")
-    ap.add_argument("--limit", type=int, default=40)
+    ap.add_argument("--limit", type=int, default=100)
+    ap.add_argument("--mmlu-subjects", nargs="*", default=list(SHORT_MMLU_SUBJECTS),
+                    help="speed run of mmlu on these subjects only (none: all 57)")
     ap.add_argument("--batch-size", type=int, default=8)
     ap.add_argument("--lm-eval-batch-size", type=int, nargs="*", default=None,
                     help="lm-eval batch sizes to time (default: the same as ours)")
@@ -192,12 +200,17 @@ def main() -> None:
                   "speed-up | max abs Δll | acc ours / lm-eval |", "|" + "---|" * 11]
     for task in args.tasks:
         shots = 5 if task == "mmlu" else 0
-        ours = evaluate(model, tok, task, shots=shots, limit=args.limit, data_dir=DATA, batch_size=args.batch_size)
+        task_obj = get_task(task, DATA)
+        label = task
+        if task == "mmlu" and args.mmlu_subjects:
+            task_obj = dataclasses.replace(task_obj, items=[x for x in task_obj.items if x.group in args.mmlu_subjects])
+            label = f"mmlu, {len(args.mmlu_subjects)} subjects"
+        ours = evaluate(model, tok, task_obj, shots=shots, limit=args.limit, batch_size=args.batch_size)
         for lbs in args.lm_eval_batch_size or [args.batch_size]:
             ref = run_lm_eval(model, tok, task, ours.item_ids, args.out / f"{task}_{lbs}", shots=shots,
                               batch_size=lbs)
             t_ours, t_ref = ours.timing["total_s"], ref["wall_s"]
-            row = (f"| {task} ({shots}-shot) | {ours.n_items} | {args.batch_size} | {t_ours:.1f} | "
+            row = (f"| {label} ({shots}-shot) | {ours.n_items} | {args.batch_size} | {t_ours:.1f} | "
                    f"{ours.n_items / t_ours:.2f} | {lbs} | {t_ref:.1f} | {ours.n_items / t_ref:.2f} | "
                    f"{t_ref / t_ours:.2f}x | {_compare(ours, ref):.1e} | "
                    f"{ours.metrics['acc']:.3f} / {ref['metrics']['acc']:.3f} |")
