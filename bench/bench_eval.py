@@ -192,12 +192,17 @@ def main() -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
     model, tok = _smollm2()
-    lines = [f"\n## {time.strftime('%Y-%m-%d %H:%M')} SmolLM2-135M-Instruct (Q4_1 GGUF, fp32), "
-             f"{torch.get_num_threads()} threads, torch {torch.__version__}\n"]
+
+    def emit(*rows: str) -> None:  # appended at once, so an interrupted run keeps what it measured
+        with open(RESULTS, "a", encoding="utf-8") as f:
+            f.write("".join(r + "\n" for r in rows))
+
+    emit(f"\n## {time.strftime('%Y-%m-%d %H:%M')} SmolLM2-135M-Instruct (Q4_1 GGUF, fp32), "
+         f"{torch.get_num_threads()} threads, torch {torch.__version__}\n")
 
     if args.tasks:
-        lines += ["| task | items | ours bs | ours s | ours items/s | lm-eval bs | lm-eval s | lm-eval items/s | "
-                  "speed-up | max abs Δll | acc ours / lm-eval |", "|" + "---|" * 11]
+        emit(*["| task | items | ours bs | ours s | ours items/s | lm-eval bs | lm-eval s | lm-eval items/s | "
+              "speed-up | max abs Δll | acc ours / lm-eval |", "|" + "---|" * 11])
     for task in args.tasks:
         shots = 5 if task == "mmlu" else 0
         task_obj = get_task(task, DATA)
@@ -215,12 +220,12 @@ def main() -> None:
                    f"{t_ref / t_ours:.2f}x | {_compare(ours, ref):.1e} | "
                    f"{ours.metrics['acc']:.3f} / {ref['metrics']['acc']:.3f} |")
             print(row, flush=True)
-            lines.append(row)
+            emit(row)
 
     runs = [(t, None, 0) for t in args.full] + ([("mmlu", args.mmlu_limit, 5)] if args.mmlu_limit else [])
     if runs:
-        lines += ["", "| accuracy run | items | ours acc | ours acc_norm | ours s | lm-eval acc | lm-eval acc_norm | "
-                  "lm-eval s | max abs Δll |", "|" + "---|" * 9]
+        emit(*["", "| accuracy run | items | ours acc | ours acc_norm | ours s | lm-eval acc | lm-eval acc_norm | "
+              "lm-eval s | max abs Δll |", "|" + "---|" * 9])
     for task, limit, shots in runs:
         ours = evaluate(model, tok, task, shots=shots, limit=limit, data_dir=DATA, batch_size=args.batch_size)
         m = ours.metrics
@@ -236,10 +241,8 @@ def main() -> None:
                       f"{_compare(ours, ref):.1e}"]
         row = "| " + " | ".join(cells) + " |"
         print(row, flush=True)
-        lines.append(row)
+        emit(row)
         (args.out / f"ours_{task}.json").write_text(json.dumps(ours.to_dict()), encoding="utf-8")
-    with open(RESULTS, "a", encoding="utf-8") as f:
-        f.write("\n".join(lines) + "\n")
 
 
 if __name__ == "__main__":
