@@ -173,6 +173,8 @@ def main() -> None:
     parser.add_argument("--models", nargs="+", default=["tiny", "smollm2"])
     parser.add_argument("--lengths", nargs="+", type=int, default=[128, 512, 2048])
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "RESULTS_scores.md")
+    parser.add_argument("--methods", nargs="+", default=list(METHODS), choices=METHODS)
+    parser.add_argument("--repeats", type=int, default=None, help="timed repeats (default: 1 to 5 by size)")
     parser.add_argument("--child", nargs=3, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
@@ -183,9 +185,10 @@ def main() -> None:
         model = _load(model_name)
         for length in args.lengths:
             big = model_name != "tiny" and length >= 2048
-            repeats = 1 if big else (2 if model_name != "tiny" else 5)
-            times = _times(model, length, repeats, METHODS)
-            mem = {m: _memory(model_name, length, m) for m in METHODS}
+            repeats = args.repeats or (1 if big else (2 if model_name != "tiny" else 5))
+            methods = tuple(args.methods)
+            times = _times(model, length, repeats, methods)
+            mem = {m: _memory(model_name, length, m) for m in methods}
             rows.append((model_name, length, times, mem))
             print(model_name, length, {m: round(t, 3) for m, t in times.items()}, {m: round(v) for m, v in mem.items()})
     _write(args.out, rows)
@@ -197,13 +200,17 @@ def _write(path: Path, rows) -> None:
         "| SDPA MB | record MB | zeroing MB | published MB | record/SDPA mem |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
+    def cell(d: dict, a: str, fmt: str, b: str | None = None) -> str:
+        if a not in d or (b is not None and b not in d):
+            return "–"
+        return format(d[a] / max(d[b], 1e-9) if b else d[a], fmt)
+
     for model_name, length, t, m in rows:
-        lines.append(
-            f"| {model_name} | {length} | {t['sdpa']:.3f} | {t['record']:.3f} | {t['zeroing']:.3f} | "
-            f"{t['published']:.3f} | {t['record'] / t['sdpa']:.2f} | {t['zeroing'] / t['sdpa']:.2f} | "
-            f"{t['published'] / t['record']:.1f} | {m['sdpa']:.0f} | {m['record']:.0f} | {m['zeroing']:.0f} | "
-            f"{m['published']:.0f} | {m['record'] / max(m['sdpa'], 1e-9):.2f} |"
-        )
+        cells = [cell(t, x, ".3f") for x in METHODS]
+        cells += [cell(t, "record", ".2f", "sdpa"), cell(t, "zeroing", ".2f", "sdpa")]
+        cells += [cell(t, "published", ".1f", "record")]
+        cells += [cell(m, x, ".0f") for x in METHODS] + [cell(m, "record", ".2f", "sdpa")]
+        lines.append(f"| {model_name} | {length} | " + " | ".join(cells) + " |")
     header = (
         f"Batch 1, float32, {torch.get_num_threads()} CPU threads, torch {torch.__version__}. Times: median in one "
         "process; memory: peak extra RSS during the forward, fresh process per method.\n\n"
