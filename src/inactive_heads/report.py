@@ -225,7 +225,7 @@ def _best_cell(run: RunData, rows: list[dict[str, object]]) -> tuple[str, dict[s
             return str(name), max(cells, key=lambda c: c["fraction_zeroed"])
     # No cell stays within 1 point: show the best score function's mildest intervention.
     for name in ordered:
-        cells = [c for c in curves.get(name, Curve(str(name), [(0, 0)], 0)).extra.get("cells", [])  # type: ignore[union-attr]
+        cells = [c for c in (curves[name].extra["cells"] if name in curves else [])  # type: ignore[union-attr]
                  if _head_frequency(run, c) is not None]
         if cells:
             return str(name), min(cells, key=lambda c: c["fraction_zeroed"])
