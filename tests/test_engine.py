@@ -124,20 +124,27 @@ def test_model_left_as_found_also_after_exception(tokenizer, arch):
     assert model.config._attn_implementation == before
 
 
-def test_fused_and_chunked_kernels_agree(monkeypatch):
+@pytest.mark.parametrize("padding", ["none", "right", "left"])
+@pytest.mark.parametrize("one_call", [False, True])
+def test_fused_and_chunked_kernels_agree(monkeypatch, padding, one_call):
+    # Every fused variant (two kernel calls or one [V | K] call; causal mode, float mask, or none) against chunks.
     torch.manual_seed(0)
     q, k, v = torch.randn(2, 4, 33, 8) * 2, torch.randn(2, 2, 33, 8) * 2, torch.randn(2, 2, 33, 8)
-    pad = torch.ones(2, 33, dtype=torch.bool)
-    pad[1, 25:] = False
-    allowed = torch.tril(torch.ones(33, 33, dtype=torch.bool))[None, None] & pad[:, None, None, :]
-    mask = torch.where(allowed, 0.0, torch.finfo(torch.float32).min)
+    real = torch.ones(2, 33, dtype=torch.bool)
+    if padding == "right":
+        real[1, 25:] = False
+    elif padding == "left":
+        real[1, :8] = False
+    allowed = torch.tril(torch.ones(33, 33, dtype=torch.bool))[None, None] & real[:, None, None, :]
+    mask = None if padding == "none" else torch.where(allowed, 0.0, torch.finfo(torch.float32).min)
     needs = frozenset(RAW) - {"fhon"}
+    monkeypatch.setattr(attention_module, "_ONE_CALL_LOGITS", 0 if one_call else 1 << 40)
     out_f, stats_f, _ = attention_module.attention_with_stats(q, k, v, mask, scale=0.4, needs=needs)
     monkeypatch.setattr(attention_module, "_can_fuse", lambda query, softcap: False)
     monkeypatch.setattr(attention_module, "_CHUNK_ELEMENTS", 2 * 4 * 33 * 5)  # 5 queries per chunk
     out_c, stats_c, _ = attention_module.attention_with_stats(q, k, v, mask, scale=0.4, needs=needs)
-    torch.testing.assert_close(out_f[0], out_c[0], rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(out_f[1, :, :25], out_c[1, :, :25], rtol=1e-5, atol=1e-5)
+    for row in range(2):
+        torch.testing.assert_close(out_f[row][:, real[row]], out_c[row][:, real[row]], rtol=1e-5, atol=1e-5)
     for name in needs:
         torch.testing.assert_close(getattr(stats_f, name), getattr(stats_c, name), rtol=1e-5, atol=1e-5, msg=name)
 

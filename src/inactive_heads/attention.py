@@ -2,9 +2,10 @@
 
 Two kernels compute the same thing:
 
-* fused (CPU, no logit softcap): PyTorch's CPU flash kernel returns the log-sum-exp ``lse_i`` per query. A second
-  call with K in place of V returns ``(A k)_i = sum_j A_ij k_j``, so the entropy is ``lse_i - scale * q_i . (A k)_i``
-  and the first-key weight is ``exp(scale * q_i . k_0 - lse_i)``: no probability is ever materialised.
+* fused (CPU, no logit softcap): PyTorch's CPU flash kernel returns the log-sum-exp ``lse_i`` per query. With K
+  in place of V (a second call, or ``[V | K]`` as values) it returns ``(A k)_i = sum_j A_ij k_j``, so the entropy
+  is ``lse_i - scale * q_i . (A k)_i`` and the first-key weight is ``exp(scale * q_i . k_0 - lse_i)``: no
+  probability is ever materialised.
 * chunked eager (softcapped logits, where the identities break, and devices without the CPU kernel): softmax over
   query chunks, so extra memory is ``O(B * H * chunk * T)``.
 
@@ -25,6 +26,7 @@ __all__: list[str] = []  # internal module
 
 _CHUNK_ELEMENTS = 1 << 24  # logits per chunk of the eager kernel (64 MiB in float32)
 _ENTROPY_FLOOR = 1e-5
+_ONE_CALL_LOGITS = 1 << 20  # (query, key) pairs from which one [V | K] call beats two calls
 _NEG = torch.finfo(torch.float32).min
 
 
@@ -83,16 +85,45 @@ def _gather_pos(x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
 
 
 def _fused(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, allowed: torch.Tensor | None, scale: float, want_ak: bool
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    allowed: torch.Tensor | None,
+    real_q: torch.Tensor,
+    scale: float,
+    want_ak: bool,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
-    # The kernel takes only an additive mask of the query's dtype; without one it is causal (top-left) or full.
-    mask = None if allowed is None else torch.zeros(allowed.shape, dtype=q.dtype).masked_fill_(~allowed, _NEG)
-    causal = allowed is None and q.shape[2] > 1
-    out, lse = flash(q, k, v, 0.0, causal, attn_mask=mask, scale=scale)
-    # Two calls with head size D cost the same as one with [V | K] (2D) and need no padded copies of q and k.
-    ak = flash(q, k, k, 0.0, causal, attn_mask=mask, scale=scale)[0] if want_ak else None
-    return out, lse, ak
+    q_len, kv_len = q.shape[2], k.shape[2]
+    causal = q_len > 1 and (allowed is None or _causal_on_real_rows(allowed, real_q))
+    # The kernel takes only an additive mask of the query's dtype, which costs it ~1.7x over its own causal mode.
+    # Right-padded batches are causal on every real query; what pad queries attend to is never read.
+    mask = None
+    if allowed is not None and not causal:
+        mask = torch.zeros(allowed.shape, dtype=q.dtype).masked_fill_(~allowed, _NEG)
+    if not want_ak:
+        out, lse = flash(q, k, v, 0.0, causal, attn_mask=mask, scale=scale)[:2]
+        return out, lse, None
+    if q_len * kv_len < _ONE_CALL_LOGITS:
+        out, lse = flash(q, k, v, 0.0, causal, attn_mask=mask, scale=scale)[:2]
+        return out, lse, flash(q, k, k, 0.0, causal, attn_mask=mask, scale=scale)[0]
+    # The kernel wants one head size for q, k and v: zero-padded q and k leave the logits unchanged, and [V | K]
+    # as values gives the output and (A k) in one call: 10% faster than two calls at S=2048, slower at S=128.
+    d_v = v.shape[-1]
+    pad = torch.nn.functional.pad
+    both, lse = flash(
+        pad(q, (0, d_v)), pad(k, (0, d_v)), torch.cat([v, k], -1), 0.0, causal, attn_mask=mask, scale=scale
+    )[:2]
+    return both[..., :d_v], lse, both[..., d_v:]
+
+
+def _causal_on_real_rows(allowed: torch.Tensor, real_q: torch.Tensor) -> bool:
+    """Whether every real query i attends exactly to keys 0..i (no padding before it, no window)."""
+    q_len, kv_len = allowed.shape[2], allowed.shape[3]
+    if q_len != kv_len:
+        return False
+    tril = torch.ones(q_len, kv_len, dtype=torch.bool, device=allowed.device).tril_()
+    return not ((allowed[:, 0] ^ tril) & real_q[:, :, None]).any()
 
 
 def _chunked_eager(
@@ -157,7 +188,9 @@ def attention_with_stats(
 
     entropy = first_w = None
     if _can_fuse(query, softcap):
-        out, lse, ak = _fused(q.contiguous(), k.contiguous(), v.contiguous(), allowed, scale, "aeqd" in needs)
+        out, lse, ak = _fused(
+            q.contiguous(), k.contiguous(), v.contiguous(), allowed, rows.real_q, scale, "aeqd" in needs
+        )
         if "aeqd" in needs:
             entropy = lse - scale * (q * ak).sum(-1)
         if "awft" in needs:
