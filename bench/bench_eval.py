@@ -186,18 +186,26 @@ def main() -> None:
     ap.add_argument("--mmlu-limit", type=int, default=0, help="accuracy run of mmlu 5-shot on this many items")
     ap.add_argument("--skip-lm-eval", action="store_true", help="accuracy runs: ours only")
     ap.add_argument("--threads", type=int, default=0)
+    ap.add_argument("--model", default=None,
+                    help="a .gguf file, HF directory or id for load_model (default: the SmolLM2 package's GGUF)")
     ap.add_argument("--out", type=Path, default=Path("/tmp/bench_eval"))
     args = ap.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
-    model, tok = _smollm2()
+    if args.model is None:
+        model, tok, model_label = *_smollm2(), "SmolLM2-135M-Instruct (Q4_1 GGUF, fp32)"
+    else:
+        from inactive_heads.loading import load_model
+
+        model, tok = load_model(args.model)
+        model_label = f"{Path(args.model).name} (fp32)"
 
     def emit(*rows: str) -> None:  # appended at once, so an interrupted run keeps what it measured
         with open(RESULTS, "a", encoding="utf-8") as f:
             f.write("".join(r + "\n" for r in rows))
 
-    emit(f"\n## {time.strftime('%Y-%m-%d %H:%M')} SmolLM2-135M-Instruct (Q4_1 GGUF, fp32), "
-         f"{torch.get_num_threads()} threads, torch {torch.__version__}\n")
+    emit(f"\n## {time.strftime('%Y-%m-%d %H:%M')} {model_label}, {torch.get_num_threads()} threads, "
+         f"torch {torch.__version__}\n")
 
     if args.tasks:
         emit(*["| task | items | ours bs | ours s | ours items/s | lm-eval bs | lm-eval s | lm-eval items/s | "

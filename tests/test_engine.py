@@ -125,9 +125,8 @@ def test_model_left_as_found_also_after_exception(tokenizer, arch):
 
 
 @pytest.mark.parametrize("padding", ["none", "right", "left"])
-@pytest.mark.parametrize("one_call", [False, True])
-def test_fused_and_chunked_kernels_agree(monkeypatch, padding, one_call):
-    # Every fused variant (two kernel calls or one [V | K] call; causal mode, float mask, or none) against chunks.
+def test_fused_and_chunked_kernels_agree(monkeypatch, padding):
+    # Every fused variant (causal mode, float mask, or none) against chunks.
     torch.manual_seed(0)
     q, k, v = torch.randn(2, 4, 33, 8) * 2, torch.randn(2, 2, 33, 8) * 2, torch.randn(2, 2, 33, 8)
     real = torch.ones(2, 33, dtype=torch.bool)
@@ -138,7 +137,6 @@ def test_fused_and_chunked_kernels_agree(monkeypatch, padding, one_call):
     allowed = torch.tril(torch.ones(33, 33, dtype=torch.bool))[None, None] & real[:, None, None, :]
     mask = None if padding == "none" else torch.where(allowed, 0.0, torch.finfo(torch.float32).min)
     needs = frozenset(RAW) - {"fhon"}
-    monkeypatch.setattr(attention_module, "_ONE_CALL_LOGITS", 0 if one_call else 1 << 40)
     out_f, stats_f, _ = attention_module.attention_with_stats(q, k, v, mask, scale=0.4, needs=needs)
     monkeypatch.setattr(attention_module, "_can_fuse", lambda query, softcap: False)
     monkeypatch.setattr(attention_module, "_CHUNK_ELEMENTS", 2 * 4 * 33 * 5)  # 5 queries per chunk

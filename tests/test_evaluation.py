@@ -85,17 +85,22 @@ def test_results_do_not_depend_on_batch_size(model, tok, task_fn):
     assert _close(whole.loglikelihoods, runs[0].loglikelihoods, 1e-4)
 
 
-@pytest.mark.parametrize("arch", ["llama", "qwen2"])
-def test_shared_item_contexts_match_whole_sequences(tok, arch):
-    """0-shot: the choices of each item share their context's KV cache (contexts of different lengths per batch)."""
+@pytest.mark.parametrize("impl", ["sdpa", "eager"])
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "olmo2", "phi3", "gpt2"])
+def test_packed_item_contexts_match_whole_sequences(tok, arch, impl):
+    """0-shot: each item's context runs once, its choices packed behind it under a tree mask (default on)."""
     model = tiny_model(arch, seed=1)
+    model.set_attn_implementation(impl)
     task = _mc_task()
     whole = evaluate(model, tok, task, shots=0, batch_size=4, share_prefix=False)
     naive = _naive_lls(model, tok, task, whole, 0, None)
     assert _close(whole.loglikelihoods, naive, 2e-4)
-    for bs in (1, 4, 7, 32):
-        shared = evaluate(model, tok, task, shots=0, batch_size=bs, share_prefix=True)
-        assert _close(shared.loglikelihoods, naive, 2e-4) and shared.pred == whole.pred
+    for bs in (1, 4, 32):
+        packed = evaluate(model, tok, task, shots=0, batch_size=bs)
+        assert _close(packed.loglikelihoods, naive, 2e-4) and packed.pred == whole.pred
+        assert packed.is_greedy == whole.is_greedy
+        assert packed.timing["forward_tokens"] < whole.timing["forward_tokens"]
+    assert model.config._attn_implementation == impl
 
 
 def test_single_token_items_share_one_row(model, tok):

@@ -3,7 +3,7 @@
 Two kernels compute the same thing:
 
 * fused (CPU, no logit softcap): PyTorch's CPU flash kernel returns the log-sum-exp ``lse_i`` per query. With K
-  in place of V (a second call, or ``[V | K]`` as values) it returns ``(A k)_i = sum_j A_ij k_j``, so the entropy
+  in place of V (a second call) it returns ``(A k)_i = sum_j A_ij k_j``, so the entropy
   is ``lse_i - scale * q_i . (A k)_i`` and the first-key weight is ``exp(scale * q_i . k_0 - lse_i)``: no
   probability is ever materialised.
 * chunked eager (softcapped logits, where the identities break, and devices without the CPU kernel): softmax over
@@ -26,7 +26,6 @@ __all__: list[str] = []  # internal module
 
 _CHUNK_ELEMENTS = 1 << 24  # logits per chunk of the eager kernel (64 MiB in float32)
 _ENTROPY_FLOOR = 1e-5
-_ONE_CALL_LOGITS = 1 << 20  # (query, key) pairs from which one [V | K] call beats two calls
 _NEG = torch.finfo(torch.float32).min
 
 
@@ -94,7 +93,7 @@ def _fused(
     want_ak: bool,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
-    q_len, kv_len = q.shape[2], k.shape[2]
+    q_len = q.shape[2]
     causal = q_len > 1 and (allowed is None or _causal_on_real_rows(allowed, real_q))
     # The kernel takes only an additive mask of the query's dtype, which costs it ~1.7x over its own causal mode.
     # Right-padded batches are causal on every real query; what pad queries attend to is never read.
@@ -104,17 +103,9 @@ def _fused(
     if not want_ak:
         out, lse = flash(q, k, v, 0.0, causal, attn_mask=mask, scale=scale)[:2]
         return out, lse, None
-    if q_len * kv_len < _ONE_CALL_LOGITS:
-        out, lse = flash(q, k, v, 0.0, causal, attn_mask=mask, scale=scale)[:2]
-        return out, lse, flash(q, k, k, 0.0, causal, attn_mask=mask, scale=scale)[0]
-    # The kernel wants one head size for q, k and v: zero-padded q and k leave the logits unchanged, and [V | K]
-    # as values gives the output and (A k) in one call: 10% faster than two calls at S=2048, slower at S=128.
-    d_v = v.shape[-1]
-    pad = torch.nn.functional.pad
-    both, lse = flash(
-        pad(q, (0, d_v)), pad(k, (0, d_v)), torch.cat([v, k], -1), 0.0, causal, attn_mask=mask, scale=scale
-    )[:2]
-    return both[..., :d_v], lse, both[..., d_v:]
+    # K in place of V gives (A k); one call with zero-padded q, k and [V | K] as values measured no faster.
+    out, lse = flash(q, k, v, 0.0, causal, attn_mask=mask, scale=scale)[:2]
+    return out, lse, flash(q, k, k, 0.0, causal, attn_mask=mask, scale=scale)[0]
 
 
 def _causal_on_real_rows(allowed: torch.Tensor, real_q: torch.Tensor) -> bool:
@@ -192,10 +183,10 @@ def attention_with_stats(
             q.contiguous(), k.contiguous(), v.contiguous(), allowed, rows.real_q, scale, "aeqd" in needs
         )
         if "aeqd" in needs:
-            entropy = lse - scale * (q * ak).sum(-1)
+            entropy = lse - scale * torch.linalg.vecdot(q, ak)
         if "awft" in needs:
             k_first = _gather_pos(k, rows.first_k)  # [B,H,D]
-            first_w = torch.exp(scale * (q * k_first[:, :, None]).sum(-1) - lse)
+            first_w = torch.exp(scale * (q @ k_first[..., None]).squeeze(-1) - lse)
             if allowed is not None:  # queries that may not see the first real key give it no weight
                 sees_first = allowed[:, 0].gather(2, rows.first_k.view(-1, 1, 1).expand(batch, q_len, 1))
                 first_w = first_w * sees_first.squeeze(-1)[:, None]
@@ -226,6 +217,6 @@ def attention_with_stats(
         if gram is None:
             raise ValueError("fhon needs the output projection's Gram matrices")
         # ||W_h o||^2 = o^T (W_h^T W_h) o: a d_head x d_head form per head, not a d_model vector per position.
-        quad = ((out @ gram) * out).sum(-1)
+        quad = torch.linalg.vecdot(out @ gram, out)
         stats.fhon = _masked_mean(quad.clamp(min=0).sqrt(), rows.real_q, rows.n_q)
     return out, stats, rows

@@ -36,6 +36,7 @@ from .tasks import FEWSHOT_SEED, Item, Task, get_task, subset
 __all__ = ["EvalResult", "evaluate"]
 
 _AUTO_MIN_PREFIX = 64  # tokens; see evaluate()
+_TREE_MASK_IMPLEMENTATIONS = ("sdpa", "eager")  # attention functions that take a custom 4D mask as is
 
 
 @dataclass
@@ -180,16 +181,15 @@ def _positions(seq: _Seq) -> list[int]:
     return list(range(n - c, n))
 
 
-def _score_rows(seqs: list[_Seq], chunk: list[int], logp: torch.Tensor, col: dict[int, int], offsets: list[int],
-                lls: list[list[float]], greedy: list[list[bool]]) -> None:
-    """Read each sequence's continuation log-likelihoods from ``logp`` [B, kept positions, vocab].
+_Read = tuple[int, int, list[int]]  # (sequence, batch row, kept logit columns of its continuation)
 
-    ``offsets[r]``: how many leading tokens of row ``r`` came from a cached prefix (positions shift by that).
-    """
-    for r, s in enumerate(chunk):
+
+def _score_rows(seqs: list[_Seq], reads: list[_Read], logp: torch.Tensor,
+                lls: list[list[float]], greedy: list[list[bool]]) -> None:
+    """Read each sequence's continuation log-likelihoods from ``logp`` [B, kept positions, vocab]."""
+    for s, r, cols in reads:
         seq = seqs[s]
-        cols = torch.tensor([col[p - offsets[r]] for p in _positions(seq)], device=logp.device)
-        rows = logp[r, cols]  # [n_positions, vocab]
+        rows = logp[r, torch.tensor(cols, device=logp.device)]  # [n_positions, vocab]
         if seq.choice == -1:
             toks = torch.tensor([c[0] for c in seq.conts], device=logp.device)
             lls[s] = rows[0, toks].tolist()
@@ -201,6 +201,12 @@ def _score_rows(seqs: list[_Seq], chunk: list[int], logp: torch.Tensor, col: dic
             greedy[s] = [bool((rows.argmax(-1) == toks).all())]
 
 
+def _reads(seqs: list[_Seq], chunk: list[int], col: dict[int, int], offsets: list[int]) -> list[_Read]:
+    """Row ``r`` holds sequence ``chunk[r]`` minus its first ``offsets[r]`` tokens (a cached prefix)."""
+    return [(s, r, [col[p - off] for p in _positions(seqs[s])]) for r, (s, off) in enumerate(zip(chunk, offsets,
+                                                                                                 strict=True))]
+
+
 class _Forward:
     """Right-padded batched forwards that compute logits only at the continuation positions."""
 
@@ -208,6 +214,7 @@ class _Forward:
         self.model, self.pad_id = model, pad_id
         self.device = model.get_input_embeddings().weight.device
         self.keep_ok = True
+        self.tokens = 0  # token positions run through the model, padding included
         # transformers >= 5.2x calls the KV cache argument `cache`; earlier 5.x `past_key_values`.
         params = inspect.signature(model.forward).parameters
         self.cache_kw = "cache" if "cache" in params else "past_key_values"
@@ -224,24 +231,36 @@ class _Forward:
     def prefill(self, rows: list[list[int]]) -> tuple[Any, torch.Tensor]:
         """KV cache of right-padded prefixes and their attention mask [G, width]."""
         ids, mask = self._pad(rows)
+        self.tokens += ids.numel()
         out = self.model(input_ids=ids.to(self.device), attention_mask=mask.to(self.device), use_cache=True,
                          logits_to_keep=1)
         return (out.cache if "cache" in out else out.past_key_values), mask
 
     def __call__(self, rows: list[list[int]], need: list[list[int]], past: Any = None,
                  past_mask: torch.Tensor | None = None, starts: list[int] | None = None,
+                 tree: tuple[torch.Tensor, torch.Tensor] | None = None,
                  ) -> tuple[torch.Tensor, dict[int, int]]:
         """log-probs [B, kept, vocab] and position -> kept column; positions count from the row's first token.
 
         With ``past`` (a KV cache whose padded prefixes are described by ``past_mask``), row ``r`` continues a
         prefix of ``starts[r]`` real tokens: its positions start there, the padding between is masked out.
+        With ``tree`` = (bool [B, 1, L, L] of allowed (query, key) pairs, position ids [B, L]) the rows are packed
+        (see :func:`_run_packed`).
         """
         ids, mask = self._pad(rows)
+        self.tokens += ids.numel()
         kwargs: dict[str, Any] = {"input_ids": ids.to(self.device), "use_cache": past is not None}
         if past is not None:
             mask = torch.cat([past_mask, mask], dim=1)
             pos = torch.tensor(starts)[:, None] + torch.arange(ids.shape[1])[None, :]
             kwargs.update({self.cache_kw: past, "position_ids": pos.to(self.device)})
+        if tree is not None:
+            allowed, pos = tree
+            mask = allowed  # transformers passes a 4D mask through as is: bool for SDPA, additive for eager
+            if self.model.config._attn_implementation == "eager":
+                dtype = self.model.get_input_embeddings().weight.dtype
+                mask = torch.zeros(allowed.shape, dtype=dtype).masked_fill_(~allowed, torch.finfo(dtype).min)
+            kwargs["position_ids"] = pos.to(self.device)
         kwargs["attention_mask"] = mask.to(self.device)
         keep = sorted({p for ps in need for p in ps})
         logits = None
@@ -258,11 +277,11 @@ class _Forward:
         return torch.log_softmax(logits.float(), dim=-1), {p: j for j, p in enumerate(keep)}
 
 
-def _shared_groups(seqs: list[_Seq], min_prefix: int = 8) -> list[tuple[list[int], int]]:
-    """(sequence indices, shared token prefix length) of sequences with the same prefix key."""
+def _shared_groups(seqs: list[_Seq], kind: str, min_prefix: int) -> list[tuple[list[int], int]]:
+    """(sequence indices, shared token prefix length) of sequences with the same prefix key of ``kind``."""
     by_key: dict[str, list[int]] = {}
     for s, seq in enumerate(seqs):
-        if seq.prefix_key:
+        if seq.prefix_key.startswith(kind):
             by_key.setdefault(seq.prefix_key, []).append(s)
     out = []
     for members in by_key.values():
@@ -305,20 +324,67 @@ def _run_shared(fwd: _Forward, seqs: list[_Seq], groups: list[tuple[list[int], i
             need = [[p - st for p in _positions(seqs[s])] for s, st in zip(idx, starts, strict=True)]
             logp, col = fwd([seqs[s].tokens[st:] for s, st in zip(idx, starts, strict=True)], need, past=past,
                             past_mask=pmask[rows], starts=starts)
-            _score_rows(seqs, idx, logp, col, starts, lls, greedy)
+            _score_rows(seqs, _reads(seqs, idx, col, starts), logp, lls, greedy)
             order += idx
             if bar is not None:
                 bar.update(len(chunk))
     return order
 
 
+def _run_packed(fwd: _Forward, seqs: list[_Seq], groups: list[tuple[list[int], int]], batch_size: int,
+                lls: list[list[float]], greedy: list[list[bool]], bar: Any) -> list[int]:
+    """Each group (the choices of one item) as one row: the shared prefix once, then every member's suffix.
+
+    A suffix attends to the prefix and causally to itself (a tree mask); its positions continue the prefix's, so
+    every token sees exactly what it sees in its own sequence, and the prefix is computed once instead of once per
+    choice.
+    """
+    packs = []  # (tokens, segment per token (-1: prefix), positions, [(sequence, first packed index)])
+    for members, n in groups:
+        tokens, segs, pos, starts = list(seqs[members[0]].tokens[:n]), [-1] * n, list(range(n)), []
+        for m, s in enumerate(members):
+            suffix = seqs[s].tokens[n:]
+            starts.append((s, len(tokens) - n))
+            tokens += suffix
+            segs += [m] * len(suffix)
+            pos += range(n, n + len(suffix))
+        packs.append((tokens, segs, pos, starts))
+    packs.sort(key=lambda p: -len(p[0]))
+    order: list[int] = []
+    for start in range(0, len(packs), batch_size):
+        chunk = packs[start : start + batch_size]
+        width = max(len(p[0]) for p in chunk)
+        seg = torch.full((len(chunk), width), -2)
+        pos = torch.zeros((len(chunk), width), dtype=torch.long)
+        for r, (_, segs, positions, _) in enumerate(chunk):
+            seg[r, : len(segs)] = torch.tensor(segs)
+            pos[r, : len(positions)] = torch.tensor(positions)
+        causal = torch.ones(width, width, dtype=torch.bool).tril_()
+        same = (seg[:, :, None] == seg[:, None, :]) | (seg[:, None, :] == -1)
+        # Padding (segment -2) attends to itself only, so no query row is fully masked.
+        allowed = causal & same & ((seg[:, None, :] != -2) | torch.eye(width, dtype=torch.bool))
+        reads = [(s, r, first) for r, pack in enumerate(chunk) for s, first in pack[3]]
+        # Position p >= n of a sequence whose suffix starts at packed index n + first is at packed index first + p.
+        positions = [[first + p for p in _positions(seqs[s])] for s, _, first in reads]
+        logp, col = fwd([p[0] for p in chunk], positions, tree=(allowed[:, None], pos))
+        _score_rows(seqs, [(s, r, [col[i] for i in ps]) for (s, r, _), ps in zip(reads, positions, strict=True)],
+                    logp, lls, greedy)
+        order += [s for s, _, _ in reads]
+        if bar is not None:
+            bar.update(len(reads))
+    return order
+
+
 @torch.no_grad()
 def _run(
-    model: PreTrainedModel, seqs: list[_Seq], batch_size: int, pad_id: int, progress: bool, min_prefix: int | None,
-) -> tuple[list[list[float]], list[list[bool]], list[int]]:
-    """Per sequence: log-likelihood and greedy flag per continuation read from it; and the forward order.
+    model: PreTrainedModel, seqs: list[_Seq], batch_size: int, pad_id: int, progress: bool,
+    share: tuple[int, int] | None,
+) -> tuple[list[list[float]], list[list[bool]], list[int], int]:
+    """Per sequence: log-likelihood and greedy flag per continuation read from it; the forward order; and how many
+    token positions (padding included) ran through the model.
 
-    ``min_prefix``: share KV prefixes of at least that many tokens (None: run every sequence whole).
+    ``share`` = (min tokens of a few-shot prefix to run once and reuse as a KV cache, min tokens of an item's
+    context to run once in a packed row with its choices); None: run every sequence whole.
     """
     fwd = _Forward(model, pad_id)
     lls: list[list[float]] = [[] for _ in seqs]
@@ -328,20 +394,24 @@ def _run(
         from tqdm.auto import tqdm
 
         bar = tqdm(total=len(seqs), desc="sequences")
-    groups = [] if min_prefix is None else _shared_groups(seqs, min_prefix)
-    order = _run_shared(fwd, seqs, groups, batch_size, lls, greedy, bar) if groups else []
+    order: list[int] = []
+    if share is not None:
+        cached = _shared_groups(seqs, "fewshot:", share[0])
+        order += _run_shared(fwd, seqs, cached, batch_size, lls, greedy, bar) if cached else []
+        if model.config._attn_implementation in _TREE_MASK_IMPLEMENTATIONS:
+            order += _run_packed(fwd, seqs, _shared_groups(seqs, "item:", share[1]), batch_size, lls, greedy, bar)
     done = set(order)
     rest = sorted((s for s in range(len(seqs)) if s not in done), key=lambda s: (-len(seqs[s].tokens), s))
     for start in range(0, len(rest), batch_size):
         chunk = rest[start : start + batch_size]
         logp, col = fwd([seqs[s].tokens for s in chunk], [_positions(seqs[s]) for s in chunk])
-        _score_rows(seqs, chunk, logp, col, [0] * len(chunk), lls, greedy)
+        _score_rows(seqs, _reads(seqs, chunk, col, [0] * len(chunk)), logp, lls, greedy)
         if bar is not None:
             bar.update(len(chunk))
     order += rest
     if bar is not None:
         bar.close()
-    return lls, greedy, order
+    return lls, greedy, order, fwd.tokens
 
 
 def _can_share(model: PreTrainedModel) -> bool:
@@ -435,13 +505,14 @@ def evaluate(
     try:
         if policy is None and not record:
             share = _can_share(model) if share_prefix is None else share_prefix
-            # Automatic sharing only pays for long prefixes: a 20-token PIQA context saves less than the extra
-            # prefill forward and cache copies cost (measured: 1.35x slower), a 500-token 5-shot block far more.
-            min_prefix = (8 if share_prefix else _AUTO_MIN_PREFIX) if share else None
-            lls_seq, greedy_seq, order = _run(model, seqs, batch_size, pad_id, progress, min_prefix)
+            # A cached few-shot prefix only pays when long: a 20-token context saves less than the extra prefill
+            # forward and cache copies cost (measured: 1.35x slower on PIQA), a 500-token 5-shot block far more.
+            # Packing an item's choices behind its context needs no extra forward, so any shared context pays.
+            min_tokens = ((8 if share_prefix else _AUTO_MIN_PREFIX), 1) if share else None
+            lls_seq, greedy_seq, order, n_forward = _run(model, seqs, batch_size, pad_id, progress, min_tokens)
         else:
             with watch(model, policy=policy, record=record) as w:
-                lls_seq, greedy_seq, order = _run(model, seqs, batch_size, pad_id, progress, None)
+                lls_seq, greedy_seq, order, n_forward = _run(model, seqs, batch_size, pad_id, progress, None)
             # Rows arrive in forward (length-sorted) order; put them back in sequence order.
             inverse = torch.empty(len(order), dtype=torch.long)
             inverse[torch.tensor(order, dtype=torch.long)] = torch.arange(len(order))
@@ -494,6 +565,7 @@ def evaluate(
     timing = {
         "total_s": t_end - t0, "build_s": t_build - t0, "forward_s": t_run - t_build,
         "items_per_s": len(items) / max(t_run - t_build, 1e-9), "sequences": len(seqs), "tokens": n_tokens,
+        "forward_tokens": n_forward,
     }
     config = {
         "task": task.name, "shots": shots, "limit": limit, "seed": seed, "batch_size": batch_size,
