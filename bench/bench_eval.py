@@ -217,6 +217,7 @@ def main() -> None:
         if task == "mmlu" and args.mmlu_subjects:
             task_obj = dataclasses.replace(task_obj, items=[x for x in task_obj.items if x.group in args.mmlu_subjects])
             label = f"mmlu, {len(args.mmlu_subjects)} subjects"
+        evaluate(model, tok, task_obj, shots=shots, limit=8, batch_size=args.batch_size)  # warm-up, untimed
         ours = evaluate(model, tok, task_obj, shots=shots, limit=args.limit, batch_size=args.batch_size)
         for lbs in args.lm_eval_batch_size or [args.batch_size]:
             ref = run_lm_eval(model, tok, task, ours.item_ids, args.out / f"{task}_{lbs}", shots=shots,
