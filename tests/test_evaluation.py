@@ -39,6 +39,14 @@ def _mc_task() -> Task:
                 descriptions={"": "Answer with one colour word, as in the examples that follow below.\n\n"})
 
 
+def _shared_start_task() -> Task:
+    """Choices with long common starts, one choice a prefix of another, and a duplicate choice (as PIQA's)."""
+    sols = ("fill the cup with cold water", "fill the cup with dry sand", "fill the cup", "fill the cup")
+    items = [Item(f"p:{i}", (f"Question: goal {i}\nAnswer:",), sols[i % 2 :] + sols[: i % 2], i % 4)
+             for i in range(5)]
+    return Task("shared", items, metrics=("acc", "acc_norm"))
+
+
 def _single_token_task() -> Task:
     """Every continuation is one byte after the same context, so each item is one shared row (as MMLU)."""
     items = [Item(f"s:{i}", (f"Question {i}: pick a letter.\nAnswer:",), ("A", "B", "C", "D"), i % 4)
@@ -85,13 +93,15 @@ def test_results_do_not_depend_on_batch_size(model, tok, task_fn):
     assert _close(whole.loglikelihoods, runs[0].loglikelihoods, 1e-4)
 
 
+@pytest.mark.parametrize("task_fn", [_mc_task, _shared_start_task])
 @pytest.mark.parametrize("impl", ["sdpa", "eager"])
 @pytest.mark.parametrize("arch", ["llama", "qwen2", "olmo2", "phi3", "gpt2"])
-def test_packed_item_contexts_match_whole_sequences(tok, arch, impl):
-    """0-shot: each item's context runs once, its choices packed behind it under a tree mask (default on)."""
+def test_packed_item_contexts_match_whole_sequences(tok, arch, impl, task_fn):
+    """0-shot: each item's context and the common start of its choices run once, the rest of every choice packed
+    behind them under a tree mask (default on)."""
     model = tiny_model(arch, seed=1)
     model.set_attn_implementation(impl)
-    task = _mc_task()
+    task = task_fn()
     whole = evaluate(model, tok, task, shots=0, batch_size=4, share_prefix=False)
     naive = _naive_lls(model, tok, task, whole, 0, None)
     assert _close(whole.loglikelihoods, naive, 2e-4)

