@@ -5,7 +5,7 @@ task YAMLs (``include:`` of lm-eval's own default task files, dataset overridden
 straight from the raw ``../shared/data`` files for exactly the given items) and runs ``lm_eval.simple_evaluate``
 with an HFLM wrapping the already-loaded model.
 
-    python bench/bench_eval.py --tasks mmlu piqa --limit 40 --batch-size 8   # appends to bench/RESULTS_eval.md
+    python bench/bench_eval.py --tasks mmlu piqa --repeats 3   # speed, appends to bench/RESULTS_eval.md
     python bench/bench_eval.py --full piqa arc_easy --mmlu-limit 200          # accuracy runs, ours beside lm-eval
 """
 
@@ -17,6 +17,7 @@ import dataclasses
 import importlib.util
 import json
 import os
+import statistics
 import time
 from pathlib import Path
 from typing import Any
@@ -185,6 +186,8 @@ def main() -> None:
     ap.add_argument("--full", nargs="*", default=[], help="accuracy runs over the full task (ours and lm-eval)")
     ap.add_argument("--mmlu-limit", type=int, default=0, help="accuracy run of mmlu 5-shot on this many items")
     ap.add_argument("--skip-lm-eval", action="store_true", help="accuracy runs: ours only")
+    ap.add_argument("--repeats", type=int, default=1,
+                    help="speed runs: alternate ours and lm-eval this many times; median times and ratio")
     ap.add_argument("--threads", type=int, default=0)
     ap.add_argument("--model", default=None,
                     help="a .gguf file, HF directory or id for load_model (default: the SmolLM2 package's GGUF)")
@@ -218,14 +221,21 @@ def main() -> None:
             task_obj = dataclasses.replace(task_obj, items=[x for x in task_obj.items if x.group in args.mmlu_subjects])
             label = f"mmlu, {len(args.mmlu_subjects)} subjects"
         evaluate(model, tok, task_obj, shots=shots, limit=8, batch_size=args.batch_size)  # warm-up, untimed
-        ours = evaluate(model, tok, task_obj, shots=shots, limit=args.limit, batch_size=args.batch_size)
         for lbs in args.lm_eval_batch_size or [args.batch_size]:
-            ref = run_lm_eval(model, tok, task, ours.item_ids, args.out / f"{task}_{lbs}", shots=shots,
-                              batch_size=lbs)
-            t_ours, t_ref = ours.timing["total_s"], ref["wall_s"]
-            row = (f"| {label} ({shots}-shot) | {ours.n_items} | {args.batch_size} | {t_ours:.1f} | "
-                   f"{ours.n_items / t_ours:.2f} | {lbs} | {t_ref:.1f} | {ours.n_items / t_ref:.2f} | "
-                   f"{t_ref / t_ours:.2f}x | {_compare(ours, ref):.1e} | "
+            # Ours and lm-eval alternate, so a drift in this shared machine's speed hits both sides alike.
+            t_ours, t_ref = [], []
+            for _ in range(args.repeats):
+                ours = evaluate(model, tok, task_obj, shots=shots, limit=args.limit, batch_size=args.batch_size)
+                ref = run_lm_eval(model, tok, task, ours.item_ids, args.out / f"{task}_{lbs}", shots=shots,
+                                  batch_size=lbs)
+                t_ours.append(ours.timing["total_s"])
+                t_ref.append(ref["wall_s"])
+            ratios = sorted(r / o for o, r in zip(t_ours, t_ref, strict=True))
+            spread = f" ({ratios[0]:.2f}-{ratios[-1]:.2f})" if len(ratios) > 1 else ""
+            t_o, t_r = statistics.median(t_ours), statistics.median(t_ref)
+            row = (f"| {label} ({shots}-shot) | {ours.n_items} | {args.batch_size} | {t_o:.1f} | "
+                   f"{ours.n_items / t_o:.2f} | {lbs} | {t_r:.1f} | {ours.n_items / t_r:.2f} | "
+                   f"{statistics.median(ratios):.2f}x{spread} | {_compare(ours, ref):.1e} | "
                    f"{ours.metrics['acc']:.3f} / {ref['metrics']['acc']:.3f} |")
             print(row, flush=True)
             emit(row)
