@@ -173,7 +173,7 @@ def _compare(ours: Any, ref: dict[str, Any]) -> float:
 
 def main() -> None:
     from inactive_heads.evaluation import evaluate
-    from inactive_heads.tasks import get_task
+    from inactive_heads.tasks import get_task, subset
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--tasks", nargs="*", default=["mmlu", "piqa"], help="speed comparison tasks")
@@ -186,6 +186,8 @@ def main() -> None:
     ap.add_argument("--full", nargs="*", default=[], help="accuracy runs over the full task (ours and lm-eval)")
     ap.add_argument("--mmlu-limit", type=int, default=0, help="accuracy run of mmlu 5-shot on this many items")
     ap.add_argument("--skip-lm-eval", action="store_true", help="accuracy runs: ours only")
+    ap.add_argument("--lm-eval-only", action="store_true",
+                    help="accuracy runs: lm-eval only (the other half of a --skip-lm-eval run)")
     ap.add_argument("--repeats", type=int, default=1,
                     help="speed runs: alternate ours and lm-eval this many times; median times and ratio")
     ap.add_argument("--threads", type=int, default=0)
@@ -245,22 +247,28 @@ def main() -> None:
         emit(*["", "| accuracy run | items | ours acc | ours acc_norm | ours s | lm-eval acc | lm-eval acc_norm | "
               "lm-eval s | max abs Δll |", "|" + "---|" * 9])
     for task, limit, shots in runs:
-        ours = evaluate(model, tok, task, shots=shots, limit=limit, data_dir=DATA, batch_size=args.batch_size)
-        m = ours.metrics
-        cells = [f"{task} ({shots}-shot{', stratified' if limit else ', full'})", str(ours.n_items),
-                 f"{m['acc']:.4f}", f"{m.get('acc_norm', float('nan')):.4f}", f"{ours.timing['total_s']:.0f}"]
+        label = f"{task} ({shots}-shot{', stratified' if limit else ', full'})"
+        if args.lm_eval_only:
+            ids = [x.id for x in subset(get_task(task, DATA).items, limit or None)]
+            cells = [label, str(len(ids)), "-", "-", "-"]
+            ours = None
+        else:
+            ours = evaluate(model, tok, task, shots=shots, limit=limit, data_dir=DATA, batch_size=args.batch_size)
+            ids, m = ours.item_ids, ours.metrics
+            cells = [label, str(ours.n_items), f"{m['acc']:.4f}", f"{m.get('acc_norm', float('nan')):.4f}",
+                     f"{ours.timing['total_s']:.0f}"]
+            args.out.mkdir(parents=True, exist_ok=True)
+            (args.out / f"ours_{task}.json").write_text(json.dumps(ours.to_dict()), encoding="utf-8")
         if args.skip_lm_eval:
             cells += ["-", "-", "-", "-"]
         else:
-            ref = run_lm_eval(model, tok, task, ours.item_ids, args.out / f"full_{task}", shots=shots,
-                              batch_size=args.batch_size)
+            ref = run_lm_eval(model, tok, task, ids, args.out / f"full_{task}", shots=shots, batch_size=args.batch_size)
             r = ref["metrics"]
             cells += [f"{r['acc']:.4f}", f"{r.get('acc_norm', float('nan')):.4f}", f"{ref['wall_s']:.0f}",
-                      f"{_compare(ours, ref):.1e}"]
+                      "-" if ours is None else f"{_compare(ours, ref):.1e}"]
         row = "| " + " | ".join(cells) + " |"
         print(row, flush=True)
         emit(row)
-        (args.out / f"ours_{task}.json").write_text(json.dumps(ours.to_dict()), encoding="utf-8")
 
 
 if __name__ == "__main__":
