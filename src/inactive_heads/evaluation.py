@@ -389,8 +389,8 @@ def _run(
     """Per sequence: log-likelihood and greedy flag per continuation read from it; the forward order; and how many
     token positions (padding included) ran through the model.
 
-    ``share`` = (min tokens of a few-shot prefix to run once and reuse as a KV cache, min tokens of an item's
-    context to run once in a packed row with its choices); None: run every sequence whole.
+    ``share`` = (min tokens of a few-shot prefix to run once and reuse as a KV cache, min tokens of the prefix
+    shared by an item's sequences to run once in a packed row with their rest); None: run every sequence whole.
     """
     fwd = _Forward(model, pad_id)
     lls: list[list[float]] = [[] for _ in seqs]
