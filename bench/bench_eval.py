@@ -182,7 +182,7 @@ def main() -> None:
                     help="speed run of mmlu on these subjects only (none: all 57)")
     ap.add_argument("--batch-size", type=int, default=8)
     ap.add_argument("--lm-eval-batch-size", type=int, nargs="*", default=None,
-                    help="lm-eval batch sizes to time (default: the same as ours)")
+                    help="lm-eval batch sizes to time (default: the same as ours); accuracy runs use the first")
     ap.add_argument("--full", nargs="*", default=[], help="accuracy runs over the full task (ours and lm-eval)")
     ap.add_argument("--mmlu-limit", type=int, default=0, help="accuracy run of mmlu 5-shot on this many items")
     ap.add_argument("--skip-lm-eval", action="store_true", help="accuracy runs: ours only")
@@ -262,7 +262,9 @@ def main() -> None:
         if args.skip_lm_eval:
             cells += ["-", "-", "-", "-"]
         else:
-            ref = run_lm_eval(model, tok, task, ids, args.out / f"full_{task}", shots=shots, batch_size=args.batch_size)
+            # lm-eval keeps [batch, length, vocab] log-probs: Qwen's 152k vocabulary needs 24 GB for 5-shot MMLU at 8.
+            lbs = (args.lm_eval_batch_size or [args.batch_size])[0]
+            ref = run_lm_eval(model, tok, task, ids, args.out / f"full_{task}", shots=shots, batch_size=lbs)
             r = ref["metrics"]
             cells += [f"{r['acc']:.4f}", f"{r.get('acc_norm', float('nan')):.4f}", f"{ref['wall_s']:.0f}",
                       "-" if ours is None else f"{_compare(ours, ref):.1e}"]
