@@ -246,6 +246,8 @@ def main() -> None:
     if runs:
         emit(*["", "| accuracy run | items | ours acc | ours acc_norm | ours s | lm-eval acc | lm-eval acc_norm | "
               "lm-eval s | max abs Δll |", "|" + "---|" * 9])
+    # lm-eval keeps [batch, length, vocab] log-probs: Qwen's 152k vocabulary needs 24 GB for 5-shot MMLU at 8.
+    acc_lbs = (args.lm_eval_batch_size or [args.batch_size])[0]
     for task, limit, shots in runs:
         label = f"{task} ({shots}-shot{', stratified' if limit else ', full'})"
         if args.lm_eval_only:
@@ -262,9 +264,7 @@ def main() -> None:
         if args.skip_lm_eval:
             cells += ["-", "-", "-", "-"]
         else:
-            # lm-eval keeps [batch, length, vocab] log-probs: Qwen's 152k vocabulary needs 24 GB for 5-shot MMLU at 8.
-            lbs = (args.lm_eval_batch_size or [args.batch_size])[0]
-            ref = run_lm_eval(model, tok, task, ids, args.out / f"full_{task}", shots=shots, batch_size=lbs)
+            ref = run_lm_eval(model, tok, task, ids, args.out / f"full_{task}", shots=shots, batch_size=acc_lbs)
             r = ref["metrics"]
             cells += [f"{r['acc']:.4f}", f"{r.get('acc_norm', float('nan')):.4f}", f"{ref['wall_s']:.0f}",
                       "-" if ours is None else f"{_compare(ours, ref):.1e}"]

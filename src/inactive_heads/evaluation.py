@@ -345,16 +345,16 @@ def _run_packed(fwd: _Forward, seqs: list[_Seq], groups: list[tuple[list[int], i
     itself (a tree mask); its positions continue the prefix's, so every token sees exactly what it sees in its own
     sequence, and the prefix (with its logits) is computed once instead of once per choice.
     """
-    packs = []  # (tokens, segment per token (-1: prefix), positions, [(sequence, prefix length, offset)])
+    packs = []  # (tokens, segment per token (-1: prefix), positions, prefix length, [(sequence, suffix offset)])
     for members, n in groups:
         tokens, segs, pos, starts = list(seqs[members[0]].tokens[:n]), [-1] * n, list(range(n)), []
         for m, s in enumerate(members):
             suffix = seqs[s].tokens[n:]
-            starts.append((s, n, len(tokens) - n))
+            starts.append((s, len(tokens) - n))
             tokens += suffix
             segs += [m] * len(suffix)
             pos += range(n, n + len(suffix))
-        packs.append((tokens, segs, pos, starts))
+        packs.append((tokens, segs, pos, n, starts))
     packs.sort(key=lambda p: -len(p[0]))
     order: list[int] = []
     for start in range(0, len(packs), batch_size):
@@ -362,14 +362,14 @@ def _run_packed(fwd: _Forward, seqs: list[_Seq], groups: list[tuple[list[int], i
         width = max(len(p[0]) for p in chunk)
         seg = torch.full((len(chunk), width), -2)
         pos = torch.zeros((len(chunk), width), dtype=torch.long)
-        for r, (_, segs, positions, _) in enumerate(chunk):
+        for r, (_, segs, positions, _, _) in enumerate(chunk):
             seg[r, : len(segs)] = torch.tensor(segs)
             pos[r, : len(positions)] = torch.tensor(positions)
         causal = torch.ones(width, width, dtype=torch.bool).tril_()
         same = (seg[:, :, None] == seg[:, None, :]) | (seg[:, None, :] == -1)
         # Padding (segment -2) attends to itself only, so no query row is fully masked.
         allowed = causal & same & ((seg[:, None, :] != -2) | torch.eye(width, dtype=torch.bool))
-        reads = [(s, r, n, off) for r, pack in enumerate(chunk) for s, n, off in pack[3]]
+        reads = [(s, r, pack[3], off) for r, pack in enumerate(chunk) for s, off in pack[4]]
         # A sequence's position p is packed index p in the shared prefix (p < n), else p + its suffix's offset.
         positions = [[p if p < n else p + off for p in _positions(seqs[s])] for s, _, n, off in reads]
         logp, col = fwd([p[0] for p in chunk], positions, tree=(allowed[:, None], pos))
