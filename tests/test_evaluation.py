@@ -9,9 +9,11 @@ from pathlib import Path
 import pytest
 import torch
 from _tiny import tiny_model, tiny_tokenizer
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from inactive_heads.engine import Policy, record_scores, watch
-from inactive_heads.evaluation import EvalResult, evaluate
+from inactive_heads.evaluation import EvalResult, _fill_rows, evaluate
 from inactive_heads.tasks import Item, Task
 from inactive_heads.tasks.recall import recall_task
 
@@ -45,6 +47,13 @@ def _shared_start_task() -> Task:
     items = [Item(f"p:{i}", (f"Question: goal {i}\nAnswer:",), sols[i % 2 :] + sols[: i % 2], i % 4)
              for i in range(5)]
     return Task("shared", items, metrics=("acc", "acc_norm"))
+
+
+def _mixed_length_task() -> Task:
+    """Contexts from 1 to 12 words, so several short items share a packed row with a block mask between them."""
+    items = [Item(f"m:{i}", (" ".join(["word"] * (1 + (7 * i) % 12)) + " is",), ("a cat", "a dog", "a bird"), i % 3)
+             for i in range(11)]
+    return Task("mixed", items, metrics=("acc", "acc_norm"))
 
 
 def _single_token_task() -> Task:
@@ -93,7 +102,7 @@ def test_results_do_not_depend_on_batch_size(model, tok, task_fn):
     assert _close(whole.loglikelihoods, runs[0].loglikelihoods, 1e-4)
 
 
-@pytest.mark.parametrize("task_fn", [_mc_task, _shared_start_task])
+@pytest.mark.parametrize("task_fn", [_mc_task, _shared_start_task, _mixed_length_task])
 @pytest.mark.parametrize("impl", ["sdpa", "eager"])
 @pytest.mark.parametrize("arch", ["llama", "qwen2", "olmo2", "phi3", "gpt2"])
 def test_packed_item_contexts_match_whole_sequences(tok, arch, impl, task_fn):
@@ -111,6 +120,22 @@ def test_packed_item_contexts_match_whole_sequences(tok, arch, impl, task_fn):
         assert packed.is_greedy == whole.is_greedy
         assert packed.timing["forward_tokens"] < whole.timing["forward_tokens"]
     assert model.config._attn_implementation == impl
+
+
+@settings(max_examples=200, deadline=None)
+@given(lengths=st.lists(st.integers(1, 60), min_size=1, max_size=40), batch_size=st.integers(1, 9))
+def test_fill_rows_packs_every_block_once_and_pads_less(lengths, batch_size):
+    batches = _fill_rows(lengths, batch_size)
+    assert sorted(i for rows in batches for row in rows for i in row) == list(range(len(lengths)))
+    padded = 0
+    for rows in batches:
+        width = max(lengths[i] for row in rows for i in row)
+        assert 1 <= len(rows) <= batch_size
+        assert all(sum(lengths[i] for i in row) <= width for row in rows)
+        padded += width * len(rows)
+    # Never more token positions than one block per row, sorted longest first (the plain layout).
+    plain = sorted(lengths, reverse=True)
+    assert padded <= sum(plain[k] * len(plain[k : k + batch_size]) for k in range(0, len(plain), batch_size))
 
 
 def test_single_token_items_share_one_row(model, tok):

@@ -15,6 +15,7 @@ names row ``r`` (choice ``-1``: the row serves every choice of the item).
 
 from __future__ import annotations
 
+import bisect
 import copy
 import inspect
 import math
@@ -182,15 +183,15 @@ def _positions(seq: _Seq) -> list[int]:
     return list(range(n - c, n))
 
 
-_Read = tuple[int, int, list[int]]  # (sequence, batch row, kept logit columns of its continuation)
+_Read = tuple[int, list[int]]  # (sequence, rows of the forward's log-probs holding its continuation positions)
 
 
 def _score_rows(seqs: list[_Seq], reads: list[_Read], logp: torch.Tensor,
                 lls: list[list[float]], greedy: list[list[bool]]) -> None:
-    """Read each sequence's continuation log-likelihoods from ``logp`` [B, kept positions, vocab]."""
-    for s, r, cols in reads:
+    """Read each sequence's continuation log-likelihoods from ``logp`` [kept positions, vocab]."""
+    for s, idx in reads:
         seq = seqs[s]
-        rows = logp[r, torch.tensor(cols, device=logp.device)]  # [n_positions, vocab]
+        rows = logp[torch.tensor(idx, device=logp.device)]  # [n_positions, vocab]
         if seq.choice == -1:
             toks = torch.tensor([c[0] for c in seq.conts], device=logp.device)
             lls[s] = rows[0, toks].tolist()
@@ -202,19 +203,29 @@ def _score_rows(seqs: list[_Seq], reads: list[_Read], logp: torch.Tensor,
             greedy[s] = [bool((rows.argmax(-1) == toks).all())]
 
 
-def _reads(seqs: list[_Seq], chunk: list[int], col: dict[int, int], offsets: list[int]) -> list[_Read]:
-    """Row ``r`` holds sequence ``chunk[r]`` minus its first ``offsets[r]`` tokens (a cached prefix)."""
-    return [(s, r, [col[p - off] for p in _positions(seqs[s])]) for r, (s, off) in enumerate(zip(chunk, offsets,
-                                                                                                 strict=True))]
+def _reads(seqs: list[_Seq], chunk: list[int], offsets: list[int]) -> tuple[list[list[int]], list[_Read]]:
+    """Positions to keep per row and the reads, for row ``r`` = sequence ``chunk[r]`` minus its first
+    ``offsets[r]`` tokens (a cached prefix)."""
+    need = [[p - off for p in _positions(seqs[s])] for s, off in zip(chunk, offsets, strict=True)]
+    return need, _flat_reads(chunk, need)
+
+
+def _flat_reads(owners: list[int], need: list[list[int]]) -> list[_Read]:
+    # _Forward keeps the needed positions row by row, in order: owner k's positions follow owner k-1's.
+    reads, j = [], 0
+    for s, ps in zip(owners, need, strict=True):
+        reads.append((s, list(range(j, j + len(ps)))))
+        j += len(ps)
+    return reads
 
 
 class _Forward:
-    """Right-padded batched forwards that compute logits only at the continuation positions."""
+    """Right-padded batched forwards that compute logits only at the continuation positions of each row."""
 
     def __init__(self, model: PreTrainedModel, pad_id: int):
         self.model, self.pad_id = model, pad_id
         self.device = model.get_input_embeddings().weight.device
-        self.keep_ok = True
+        self.gather_ok = True
         self.tokens = 0  # token positions run through the model, padding included
         # transformers >= 5.2x calls the KV cache argument `cache`; earlier 5.x `past_key_values`.
         params = inspect.signature(model.forward).parameters
@@ -240,8 +251,9 @@ class _Forward:
     def __call__(self, rows: list[list[int]], need: list[list[int]], past: Any = None,
                  past_mask: torch.Tensor | None = None, starts: list[int] | None = None,
                  tree: tuple[torch.Tensor, torch.Tensor] | None = None,
-                 ) -> tuple[torch.Tensor, dict[int, int]]:
-        """log-probs [B, kept, vocab] and position -> kept column; positions count from the row's first token.
+                 ) -> torch.Tensor:
+        """log-probs [N, vocab] of the positions ``need[r]`` of each row ``r``, row after row; positions count from
+        the row's first token.
 
         With ``past`` (a KV cache whose padded prefixes are described by ``past_mask``), row ``r`` continues a
         prefix of ``starts[r]`` real tokens: its positions start there, the padding between is masked out.
@@ -263,19 +275,26 @@ class _Forward:
                 mask = torch.zeros(allowed.shape, dtype=dtype).masked_fill_(~allowed, torch.finfo(dtype).min)
             kwargs["position_ids"] = pos.to(self.device)
         kwargs["attention_mask"] = mask.to(self.device)
-        keep = sorted({p for ps in need for p in ps})
-        logits = None
-        if self.keep_ok:
-            try:  # only the continuation positions go through the LM head
-                logits = self.model(**kwargs, logits_to_keep=torch.tensor(keep, device=self.device)).logits
-                if logits.shape[1] != len(keep):
-                    raise TypeError("logits_to_keep ignored")
-            except TypeError:
-                self.keep_ok, logits = False, None
-        if logits is None:
-            logits = self.model(**kwargs).logits
-            return torch.log_softmax(logits.float(), dim=-1), {p: p for p in range(ids.shape[1])}
-        return torch.log_softmax(logits.float(), dim=-1), {p: j for j, p in enumerate(keep)}
+        rows = torch.tensor([r for r, ps in enumerate(need) for _ in ps])
+        cols = torch.tensor([p for ps in need for p in ps])
+        head = self.model.get_output_embeddings()
+        if self.gather_ok and head is not None:
+            # Only the needed (row, position) pairs go through the LM head: its input is gathered to [1, N, hidden].
+            # Anything after the head (soft-capping, scaling) is elementwise, so the logits are those of a full run.
+            def gather(_module: Any, args: tuple[Any, ...]) -> tuple[Any, ...]:
+                h = args[0]
+                return (h[rows.to(h.device), cols.to(h.device)][None], *args[1:])
+
+            handle = head.register_forward_pre_hook(gather)
+            try:
+                logits = self.model(**kwargs).logits
+            finally:
+                handle.remove()
+            if logits.shape[:2] == (1, len(cols)):
+                return torch.log_softmax(logits[0].float(), dim=-1)
+            self.gather_ok = False  # this model does not feed its hidden states through the output embeddings
+        logits = self.model(**kwargs).logits
+        return torch.log_softmax(logits[rows.to(logits.device), cols.to(logits.device)].float(), dim=-1)
 
 
 def _shared_groups(seqs: list[_Seq], kind: str, min_prefix: int) -> list[tuple[list[int], int]]:
@@ -326,58 +345,91 @@ def _run_shared(fwd: _Forward, seqs: list[_Seq], groups: list[tuple[list[int], i
             past.batch_select_indices(rows.to(fwd.device))
             starts = [pack[g][1] for g, _ in chunk]
             idx = [s for _, s in chunk]
-            need = [[p - st for p in _positions(seqs[s])] for s, st in zip(idx, starts, strict=True)]
-            logp, col = fwd([seqs[s].tokens[st:] for s, st in zip(idx, starts, strict=True)], need, past=past,
-                            past_mask=pmask[rows], starts=starts)
-            _score_rows(seqs, _reads(seqs, idx, col, starts), logp, lls, greedy)
+            need, reads = _reads(seqs, idx, starts)
+            logp = fwd([seqs[s].tokens[st:] for s, st in zip(idx, starts, strict=True)], need, past=past,
+                       past_mask=pmask[rows], starts=starts)
+            _score_rows(seqs, reads, logp, lls, greedy)
             order += idx
             if bar is not None:
                 bar.update(len(chunk))
     return order
 
 
+def _fill_rows(lengths: list[int], batch_size: int) -> list[list[list[int]]]:
+    """Batches of at most ``batch_size`` rows, each row a list of indices into ``lengths``, first-fit decreasing:
+    a batch is as wide as its longest entry and its rows are filled up to that width, so it holds no more tokens
+    than ``batch_size`` entries padded to that width would, with less padding."""
+    free = sorted((n, i) for i, n in enumerate(lengths))  # ascending; taken from the end
+    batches = []
+    while free:
+        width, rows = free[-1][0], []
+        while free and len(rows) < batch_size:
+            n, i = free.pop()
+            row, room = [i], width - n
+            while free and free[0][0] <= room:
+                n, i = free.pop(bisect.bisect_right(free, (room, len(lengths))) - 1)  # the longest that fits
+                row.append(i)
+                room -= n
+            rows.append(row)
+        batches.append(rows)
+    return batches
+
+
 def _run_packed(fwd: _Forward, seqs: list[_Seq], groups: list[tuple[list[int], int]], batch_size: int,
                 lls: list[list[float]], greedy: list[list[bool]], bar: Any) -> list[int]:
-    """Each group (the choices of one item) as one row: the shared prefix once, then every member's suffix.
+    """Each group (the choices of one item) as one block: the shared prefix once, then every member's suffix.
 
     The shared prefix is the members' longest common token prefix: the context, and the common start of the
     choices (PIQA's two solutions often differ in a few words). A suffix attends to the prefix and causally to
     itself (a tree mask); its positions continue the prefix's, so every token sees exactly what it sees in its own
-    sequence, and the prefix (with its logits) is computed once instead of once per choice.
+    sequence, and the prefix (with its logits) is computed once instead of once per choice. Short blocks share a
+    row (:func:`_fill_rows`); a block attends only within itself.
     """
-    packs = []  # (tokens, segment per token (-1: prefix), positions, prefix length, [(sequence, suffix offset)])
+    blocks = []  # (tokens, segment per token (-1: prefix), positions, reads: (sequence, packed positions read))
     for members, n in groups:
-        tokens, segs, pos, starts = list(seqs[members[0]].tokens[:n]), [-1] * n, list(range(n)), []
+        tokens, segs, pos, reads = list(seqs[members[0]].tokens[:n]), [-1] * n, list(range(n)), []
         for m, s in enumerate(members):
+            off = len(tokens) - n  # a sequence's position p sits at p in the prefix (p < n), else at p + off
+            reads.append((s, [p if p < n else p + off for p in _positions(seqs[s])]))
             suffix = seqs[s].tokens[n:]
-            starts.append((s, len(tokens) - n))
             tokens += suffix
             segs += [m] * len(suffix)
             pos += range(n, n + len(suffix))
-        packs.append((tokens, segs, pos, n, starts))
-    packs.sort(key=lambda p: -len(p[0]))
+        blocks.append((tokens, segs, pos, reads))
     order: list[int] = []
-    for start in range(0, len(packs), batch_size):
-        chunk = packs[start : start + batch_size]
-        width = max(len(p[0]) for p in chunk)
-        seg = torch.full((len(chunk), width), -2)
-        pos = torch.zeros((len(chunk), width), dtype=torch.long)
-        for r, (_, segs, positions, _, _) in enumerate(chunk):
-            seg[r, : len(segs)] = torch.tensor(segs)
-            pos[r, : len(positions)] = torch.tensor(positions)
+    for batch in _fill_rows([len(b[0]) for b in blocks], batch_size):
+        width = max(sum(len(blocks[i][0]) for i in row) for row in batch)
+        blk = torch.full((len(batch), width), -1)  # -1: padding
+        seg = torch.full((len(batch), width), -2)
+        pos = torch.zeros((len(batch), width), dtype=torch.long)
+        rows: list[list[int]] = []
+        need: list[list[int]] = []  # per row: the positions read, read after read
+        owners: list[int] = []
+        owner_need: list[list[int]] = []
+        for r, row in enumerate(batch):
+            rows.append([])
+            need.append([])
+            for b, i in enumerate(row):
+                tokens, segs, positions, reads = blocks[i]
+                o = len(rows[r])
+                blk[r, o : o + len(tokens)] = b
+                seg[r, o : o + len(tokens)] = torch.tensor(segs)
+                pos[r, o : o + len(tokens)] = torch.tensor(positions)
+                rows[r] += tokens
+                for s, ps in reads:
+                    owners.append(s)
+                    owner_need.append([o + p for p in ps])
+                    need[r] += owner_need[-1]
         causal = torch.ones(width, width, dtype=torch.bool).tril_()
-        same = (seg[:, :, None] == seg[:, None, :]) | (seg[:, None, :] == -1)
-        # Padding (segment -2) attends to itself only, so no query row is fully masked.
-        allowed = causal & same & ((seg[:, None, :] != -2) | torch.eye(width, dtype=torch.bool))
-        reads = [(s, r, pack[3], off) for r, pack in enumerate(chunk) for s, off in pack[4]]
-        # A sequence's position p is packed index p in the shared prefix (p < n), else p + its suffix's offset.
-        positions = [[p if p < n else p + off for p in _positions(seqs[s])] for s, _, n, off in reads]
-        logp, col = fwd([p[0] for p in chunk], positions, tree=(allowed[:, None], pos))
-        _score_rows(seqs, [(s, r, [col[i] for i in ps]) for (s, r, _, _), ps in zip(reads, positions, strict=True)],
-                    logp, lls, greedy)
-        order += [s for s, _, _, _ in reads]
+        tree = (seg[:, :, None] == seg[:, None, :]) | (seg[:, None, :] == -1)
+        # Padding attends to itself only, so no query row is fully masked.
+        allowed = causal & tree & (blk[:, :, None] == blk[:, None, :]) & ((blk[:, None, :] != -1) |
+                                                                             torch.eye(width, dtype=torch.bool))
+        logp = fwd(rows, need, tree=(allowed[:, None], pos))
+        _score_rows(seqs, _flat_reads(owners, owner_need), logp, lls, greedy)
+        order += owners
         if bar is not None:
-            bar.update(len(reads))
+            bar.update(len(owners))
     return order
 
 
@@ -410,8 +462,8 @@ def _run(
     rest = sorted((s for s in range(len(seqs)) if s not in done), key=lambda s: (-len(seqs[s].tokens), s))
     for start in range(0, len(rest), batch_size):
         chunk = rest[start : start + batch_size]
-        logp, col = fwd([seqs[s].tokens for s in chunk], [_positions(seqs[s]) for s in chunk])
-        _score_rows(seqs, _reads(seqs, chunk, col, [0] * len(chunk)), logp, lls, greedy)
+        need, reads = _reads(seqs, chunk, [0] * len(chunk))
+        _score_rows(seqs, reads, fwd([seqs[s].tokens for s in chunk], need), lls, greedy)
         if bar is not None:
             bar.update(len(chunk))
     order += rest
