@@ -183,15 +183,16 @@ def _positions(seq: _Seq) -> list[int]:
     return list(range(n - c, n))
 
 
-_Read = tuple[int, list[int]]  # (sequence, rows of the forward's log-probs holding its continuation positions)
+_Read = tuple[int, int, list[int]]  # (sequence, batch row, positions in that row predicting its continuation)
 
 
-def _score_rows(seqs: list[_Seq], reads: list[_Read], logp: torch.Tensor,
+def _score_rows(seqs: list[_Seq], reads: list[_Read], logp: torch.Tensor, at: dict[tuple[int, int], int],
                 lls: list[list[float]], greedy: list[list[bool]]) -> None:
-    """Read each sequence's continuation log-likelihoods from ``logp`` [kept positions, vocab]."""
-    for s, idx in reads:
+    """Read each sequence's continuation log-likelihoods from ``logp`` [kept, vocab]; ``at[row, position]`` is the
+    kept index of a position."""
+    for s, r, ps in reads:
         seq = seqs[s]
-        rows = logp[torch.tensor(idx, device=logp.device)]  # [n_positions, vocab]
+        rows = logp[torch.tensor([at[r, p] for p in ps], device=logp.device)]  # [n_positions, vocab]
         if seq.choice == -1:
             toks = torch.tensor([c[0] for c in seq.conts], device=logp.device)
             lls[s] = rows[0, toks].tolist()
@@ -203,20 +204,10 @@ def _score_rows(seqs: list[_Seq], reads: list[_Read], logp: torch.Tensor,
             greedy[s] = [bool((rows.argmax(-1) == toks).all())]
 
 
-def _reads(seqs: list[_Seq], chunk: list[int], offsets: list[int]) -> tuple[list[list[int]], list[_Read]]:
-    """Positions to keep per row and the reads, for row ``r`` = sequence ``chunk[r]`` minus its first
-    ``offsets[r]`` tokens (a cached prefix)."""
-    need = [[p - off for p in _positions(seqs[s])] for s, off in zip(chunk, offsets, strict=True)]
-    return need, _flat_reads(chunk, need)
-
-
-def _flat_reads(owners: list[int], need: list[list[int]]) -> list[_Read]:
-    # _Forward keeps the needed positions row by row, in order: owner k's positions follow owner k-1's.
-    reads, j = [], 0
-    for s, ps in zip(owners, need, strict=True):
-        reads.append((s, list(range(j, j + len(ps)))))
-        j += len(ps)
-    return reads
+def _reads(seqs: list[_Seq], chunk: list[int], offsets: list[int]) -> list[_Read]:
+    """Row ``r`` holds sequence ``chunk[r]`` minus its first ``offsets[r]`` tokens (a cached prefix)."""
+    return [(s, r, [p - off for p in _positions(seqs[s])]) for r, (s, off) in enumerate(zip(chunk, offsets,
+                                                                                            strict=True))]
 
 
 class _Forward:
@@ -248,12 +239,12 @@ class _Forward:
                          logits_to_keep=1)
         return (out.cache if "cache" in out else out.past_key_values), mask
 
-    def __call__(self, rows: list[list[int]], need: list[list[int]], past: Any = None,
+    def __call__(self, rows: list[list[int]], reads: list[_Read], past: Any = None,
                  past_mask: torch.Tensor | None = None, starts: list[int] | None = None,
                  tree: tuple[torch.Tensor, torch.Tensor] | None = None,
-                 ) -> torch.Tensor:
-        """log-probs [N, vocab] of the positions ``need[r]`` of each row ``r``, row after row; positions count from
-        the row's first token.
+                 ) -> tuple[torch.Tensor, dict[tuple[int, int], int]]:
+        """log-probs [N, vocab] of the N distinct (row, position) pairs that ``reads`` name, and the index of each
+        pair; positions count from the row's first token.
 
         With ``past`` (a KV cache whose padded prefixes are described by ``past_mask``), row ``r`` continues a
         prefix of ``starts[r]`` real tokens: its positions start there, the padding between is masked out.
@@ -275,8 +266,10 @@ class _Forward:
                 mask = torch.zeros(allowed.shape, dtype=dtype).masked_fill_(~allowed, torch.finfo(dtype).min)
             kwargs["position_ids"] = pos.to(self.device)
         kwargs["attention_mask"] = mask.to(self.device)
-        rows = torch.tensor([r for r, ps in enumerate(need) for _ in ps])
-        cols = torch.tensor([p for ps in need for p in ps])
+        # Choices whose common start runs in the shared prefix of a packed row read the same positions.
+        at = {rp: j for j, rp in enumerate(dict.fromkeys((r, p) for _, r, ps in reads for p in ps))}
+        rows = torch.tensor([r for r, _ in at])
+        cols = torch.tensor([p for _, p in at])
         head = self.model.get_output_embeddings()
         if self.gather_ok and head is not None:
             # Only the needed (row, position) pairs go through the LM head: its input is gathered to [1, N, hidden].
@@ -291,10 +284,10 @@ class _Forward:
             finally:
                 handle.remove()
             if logits.shape[:2] == (1, len(cols)):
-                return torch.log_softmax(logits[0].float(), dim=-1)
+                return torch.log_softmax(logits[0].float(), dim=-1), at
             self.gather_ok = False  # this model does not feed its hidden states through the output embeddings
         logits = self.model(**kwargs).logits
-        return torch.log_softmax(logits[rows.to(logits.device), cols.to(logits.device)].float(), dim=-1)
+        return torch.log_softmax(logits[rows.to(logits.device), cols.to(logits.device)].float(), dim=-1), at
 
 
 def _shared_groups(seqs: list[_Seq], kind: str, min_prefix: int) -> list[tuple[list[int], int]]:
@@ -345,10 +338,10 @@ def _run_shared(fwd: _Forward, seqs: list[_Seq], groups: list[tuple[list[int], i
             past.batch_select_indices(rows.to(fwd.device))
             starts = [pack[g][1] for g, _ in chunk]
             idx = [s for _, s in chunk]
-            need, reads = _reads(seqs, idx, starts)
-            logp = fwd([seqs[s].tokens[st:] for s, st in zip(idx, starts, strict=True)], need, past=past,
-                       past_mask=pmask[rows], starts=starts)
-            _score_rows(seqs, reads, logp, lls, greedy)
+            reads = _reads(seqs, idx, starts)
+            logp, at = fwd([seqs[s].tokens[st:] for s, st in zip(idx, starts, strict=True)], reads, past=past,
+                           past_mask=pmask[rows], starts=starts)
+            _score_rows(seqs, reads, logp, at, lls, greedy)
             order += idx
             if bar is not None:
                 bar.update(len(chunk))
@@ -403,12 +396,9 @@ def _run_packed(fwd: _Forward, seqs: list[_Seq], groups: list[tuple[list[int], i
         seg = torch.full((len(batch), width), -2)
         pos = torch.zeros((len(batch), width), dtype=torch.long)
         rows: list[list[int]] = []
-        need: list[list[int]] = []  # per row: the positions read, read after read
-        owners: list[int] = []
-        owner_need: list[list[int]] = []
+        row_reads: list[_Read] = []
         for r, row in enumerate(batch):
             rows.append([])
-            need.append([])
             for b, i in enumerate(row):
                 tokens, segs, positions, reads = blocks[i]
                 o = len(rows[r])
@@ -416,20 +406,16 @@ def _run_packed(fwd: _Forward, seqs: list[_Seq], groups: list[tuple[list[int], i
                 seg[r, o : o + len(tokens)] = torch.tensor(segs)
                 pos[r, o : o + len(tokens)] = torch.tensor(positions)
                 rows[r] += tokens
-                for s, ps in reads:
-                    owners.append(s)
-                    owner_need.append([o + p for p in ps])
-                    need[r] += owner_need[-1]
+                row_reads += [(s, r, [o + p for p in ps]) for s, ps in reads]
         causal = torch.ones(width, width, dtype=torch.bool).tril_()
         tree = (seg[:, :, None] == seg[:, None, :]) | (seg[:, None, :] == -1)
         # Padding attends to itself only, so no query row is fully masked.
         allowed = causal & tree & (blk[:, :, None] == blk[:, None, :]) & ((blk[:, None, :] != -1) |
                                                                              torch.eye(width, dtype=torch.bool))
-        logp = fwd(rows, need, tree=(allowed[:, None], pos))
-        _score_rows(seqs, _flat_reads(owners, owner_need), logp, lls, greedy)
-        order += owners
+        _score_rows(seqs, row_reads, *fwd(rows, row_reads, tree=(allowed[:, None], pos)), lls, greedy)
+        order += [s for s, _, _ in row_reads]
         if bar is not None:
-            bar.update(len(owners))
+            bar.update(len(row_reads))
     return order
 
 
@@ -462,8 +448,8 @@ def _run(
     rest = sorted((s for s in range(len(seqs)) if s not in done), key=lambda s: (-len(seqs[s].tokens), s))
     for start in range(0, len(rest), batch_size):
         chunk = rest[start : start + batch_size]
-        need, reads = _reads(seqs, chunk, [0] * len(chunk))
-        _score_rows(seqs, reads, fwd([seqs[s].tokens for s in chunk], need), lls, greedy)
+        reads = _reads(seqs, chunk, [0] * len(chunk))
+        _score_rows(seqs, reads, *fwd([seqs[s].tokens for s in chunk], reads), lls, greedy)
         if bar is not None:
             bar.update(len(chunk))
     order += rest
