@@ -122,6 +122,15 @@ def test_packed_item_contexts_match_whole_sequences(tok, arch, impl, task_fn):
     assert model.config._attn_implementation == impl
 
 
+def test_without_output_embeddings_full_logits_give_the_same_numbers(model, tok, monkeypatch):
+    """The LM-head gather needs ``get_output_embeddings()``; without it every position's logits are computed."""
+    task = _shared_start_task()
+    gathered = evaluate(model, tok, task, shots=0, batch_size=4)
+    monkeypatch.setattr(model, "get_output_embeddings", lambda: None)
+    full = evaluate(model, tok, task, shots=0, batch_size=4)
+    assert _close(full.loglikelihoods, gathered.loglikelihoods, 1e-5) and full.is_greedy == gathered.is_greedy
+
+
 @settings(max_examples=200, deadline=None)
 @given(lengths=st.lists(st.integers(1, 60), min_size=1, max_size=40), batch_size=st.integers(1, 9))
 def test_fill_rows_packs_every_block_once_and_pads_less(lengths, batch_size):
