@@ -268,26 +268,26 @@ class _Forward:
         kwargs["attention_mask"] = mask.to(self.device)
         # Choices whose common start runs in the shared prefix of a packed row read the same positions.
         at = {rp: j for j, rp in enumerate(dict.fromkeys((r, p) for _, r, ps in reads for p in ps))}
-        rows = torch.tensor([r for r, _ in at])
-        cols = torch.tensor([p for _, p in at])
+        row_idx = torch.tensor([r for r, _ in at])
+        col_idx = torch.tensor([p for _, p in at])
         head = self.model.get_output_embeddings()
         if self.gather_ok and head is not None:
             # Only the needed (row, position) pairs go through the LM head: its input is gathered to [1, N, hidden].
             # Anything after the head (soft-capping, scaling) is elementwise, so the logits are those of a full run.
             def gather(_module: Any, args: tuple[Any, ...]) -> tuple[Any, ...]:
                 h = args[0]
-                return (h[rows.to(h.device), cols.to(h.device)][None], *args[1:])
+                return (h[row_idx.to(h.device), col_idx.to(h.device)][None], *args[1:])
 
             handle = head.register_forward_pre_hook(gather)
             try:
                 logits = self.model(**kwargs).logits
             finally:
                 handle.remove()
-            if logits.shape[:2] == (1, len(cols)):
+            if logits.shape[:2] == (1, len(at)):
                 return torch.log_softmax(logits[0].float(), dim=-1), at
             self.gather_ok = False  # this model does not feed its hidden states through the output embeddings
         logits = self.model(**kwargs).logits
-        return torch.log_softmax(logits[rows.to(logits.device), cols.to(logits.device)].float(), dim=-1), at
+        return torch.log_softmax(logits[row_idx.to(logits.device), col_idx.to(logits.device)].float(), dim=-1), at
 
 
 def _shared_groups(seqs: list[_Seq], kind: str, min_prefix: int) -> list[tuple[list[int], int]]:
@@ -409,9 +409,8 @@ def _run_packed(fwd: _Forward, seqs: list[_Seq], groups: list[tuple[list[int], i
                 row_reads += [(s, r, [o + p for p in ps]) for s, ps in reads]
         causal = torch.ones(width, width, dtype=torch.bool).tril_()
         tree = (seg[:, :, None] == seg[:, None, :]) | (seg[:, None, :] == -1)
-        # Padding attends to itself only, so no query row is fully masked.
-        allowed = causal & tree & (blk[:, :, None] == blk[:, None, :]) & ((blk[:, None, :] != -1) |
-                                                                             torch.eye(width, dtype=torch.bool))
+        # Padding is block -1: it sees only padding, and every query sees itself, so no query row is fully masked.
+        allowed = causal & tree & (blk[:, :, None] == blk[:, None, :])
         _score_rows(seqs, row_reads, *fwd(rows, row_reads, tree=(allowed[:, None], pos)), lls, greedy)
         order += [s for s, _, _ in row_reads]
         if bar is not None:
