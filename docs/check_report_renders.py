@@ -47,11 +47,22 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as tmp:
         probe = Path(tmp) / "report.html"
         probe.write_text(args.report.read_text(encoding="utf-8").replace("</body>", _PROBE + "</body>"), "utf-8")
-        dom = subprocess.run([browser, *flags, "--dump-dom", probe.as_uri()], capture_output=True, text=True,
-                             timeout=120).stdout
+        dom = subprocess.run(
+            [browser, *flags, "--dump-dom", probe.as_uri()], capture_output=True, text=True, timeout=120
+        ).stdout
         if args.screenshot:
-            subprocess.run([browser, *flags, "--window-size=1200,2400", f"--screenshot={args.screenshot.resolve()}",
-                            args.report.resolve().as_uri()], capture_output=True, timeout=120, check=True)
+            subprocess.run(
+                [
+                    browser,
+                    *flags,
+                    "--window-size=1200,2400",
+                    f"--screenshot={args.screenshot.resolve()}",
+                    args.report.resolve().as_uri(),
+                ],
+                capture_output=True,
+                timeout=120,
+                check=True,
+            )
     match = re.search(r'data-rendered="(\d+)/(\d+)"', dom)
     if not match:
         print("the probe did not run: Chromium failed to load the page", file=sys.stderr)

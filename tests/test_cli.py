@@ -16,13 +16,13 @@ from inactive_heads.cli import main
 from inactive_heads.scores import SCORE_FUNCTIONS, HeadScores
 
 _RUN = ["--task", "recall", "--limit", "12", "--batch-size", "8"]
-_PLUGIN = '''
+_PLUGIN = """
 import inactive_heads as ih
 
 @ih.register_score("ahon_sq", label="AHON^2", inactive_when="below", needs={"ahon"})
 def ahon_sq(s):
     return s.ahon ** 2
-'''
+"""
 
 
 @pytest.fixture(scope="module")

@@ -15,7 +15,6 @@ from inactive_heads import attention as attention_module
 TEXTS = ["The quick brown fox jumps over the lazy dog.", "Hi", "In 1905, Einstein wrote four papers.", "a b a b a b"]
 
 
-
 @pytest.fixture(scope="module")
 def tokenizer():
     return tiny_tokenizer()

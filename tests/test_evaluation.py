@@ -34,32 +34,40 @@ def tok():
 def _mc_task() -> Task:
     """A small multi-token task with a shared 2-shot prefix and choices of different character lengths."""
     words = ["red", "green", "blue", "yellowish", "black", "white"]
-    items = [Item(f"t:{i}", (f"Colour {i} of the flag is",), tuple(words[(i + j) % 6] for j in range(3)), i % 3)
-             for i in range(9)]
+    items = [
+        Item(f"t:{i}", (f"Colour {i} of the flag is",), tuple(words[(i + j) % 6] for j in range(3)), i % 3)
+        for i in range(9)
+    ]
     pool = [Item(f"d:{i}", (f"Example colour {i} is",), ("grey", "pink"), i % 2) for i in range(3)]
-    return Task("mc", items, metrics=("acc", "acc_norm"), fewshot={"": pool}, fewshot_sampler="first_n",
-                descriptions={"": "Answer with one colour word, as in the examples that follow below.\n\n"})
+    return Task(
+        "mc",
+        items,
+        metrics=("acc", "acc_norm"),
+        fewshot={"": pool},
+        fewshot_sampler="first_n",
+        descriptions={"": "Answer with one colour word, as in the examples that follow below.\n\n"},
+    )
 
 
 def _shared_start_task() -> Task:
     """Choices with long common starts, one choice a prefix of another, and a duplicate choice (as PIQA's)."""
     sols = ("fill the cup with cold water", "fill the cup with dry sand", "fill the cup", "fill the cup")
-    items = [Item(f"p:{i}", (f"Question: goal {i}\nAnswer:",), sols[i % 2 :] + sols[: i % 2], i % 4)
-             for i in range(5)]
+    items = [Item(f"p:{i}", (f"Question: goal {i}\nAnswer:",), sols[i % 2 :] + sols[: i % 2], i % 4) for i in range(5)]
     return Task("shared", items, metrics=("acc", "acc_norm"))
 
 
 def _mixed_length_task() -> Task:
     """Contexts from 1 to 12 words, so several short items share a packed row with a block mask between them."""
-    items = [Item(f"m:{i}", (" ".join(["word"] * (1 + (7 * i) % 12)) + " is",), ("a cat", "a dog", "a bird"), i % 3)
-             for i in range(11)]
+    items = [
+        Item(f"m:{i}", (" ".join(["word"] * (1 + (7 * i) % 12)) + " is",), ("a cat", "a dog", "a bird"), i % 3)
+        for i in range(11)
+    ]
     return Task("mixed", items, metrics=("acc", "acc_norm"))
 
 
 def _single_token_task() -> Task:
     """Every continuation is one byte after the same context, so each item is one shared row (as MMLU)."""
-    items = [Item(f"s:{i}", (f"Question {i}: pick a letter.\nAnswer:",), ("A", "B", "C", "D"), i % 4)
-             for i in range(7)]
+    items = [Item(f"s:{i}", (f"Question {i}: pick a letter.\nAnswer:",), ("A", "B", "C", "D"), i % 4) for i in range(7)]
     return Task("single", items, metrics=("acc",), target_delimiter="")
 
 
@@ -75,7 +83,7 @@ def _naive_lls(model, tok, task: Task, result: EvalResult, shots: int, policy: P
             for ctx, cont in task.requests(item, examples):
                 ctx_ids = tok(ctx)["input_ids"]
                 whole = tok(ctx + cont)["input_ids"]
-                cont_ids = whole[len(ctx_ids):]
+                cont_ids = whole[len(ctx_ids) :]
                 inp = torch.tensor([whole[:-1]])
                 logp = torch.log_softmax(model(input_ids=inp).logits[0].double(), -1)
                 pos = range(len(whole) - 1 - len(cont_ids), len(whole) - 1)

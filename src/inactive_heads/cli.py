@@ -265,8 +265,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("inactive-heads: interrupted; finished cells are kept, rerun the same command to resume", file=sys.stderr)
         return 130
-    except (_UserError, ValueError, KeyError, FileNotFoundError, NotADirectoryError, NotImplementedError,
-            FloatingPointError) as e:
+    except (
+        _UserError,
+        ValueError,
+        KeyError,
+        FileNotFoundError,
+        NotADirectoryError,
+        NotImplementedError,
+        FloatingPointError,
+    ) as e:
         message = e.args[0] if isinstance(e, KeyError) and e.args else e
         print(f"inactive-heads: error: {message}", file=sys.stderr)
         return 2

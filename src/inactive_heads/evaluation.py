@@ -133,8 +133,13 @@ def _max_length(model: PreTrainedModel, tokenizer: Any) -> int:
 
 
 def _build(
-    task: Task, items: list[Item], shots: int, tokenizer: Any, max_length: int,
-    chat: Callable[[list[dict[str, str]]], str] | None, fewshot_as_multiturn: bool,
+    task: Task,
+    items: list[Item],
+    shots: int,
+    tokenizer: Any,
+    max_length: int,
+    chat: Callable[[list[dict[str, str]]], str] | None,
+    fewshot_as_multiturn: bool,
 ) -> list[_Seq]:
     rnd = random.Random(FEWSHOT_SEED)  # one sampler state for the whole run, advanced in item order (lm-eval)
     pairs, owner, keys = [], [], []
@@ -186,8 +191,14 @@ def _positions(seq: _Seq) -> list[int]:
 _Read = tuple[int, int, list[int]]  # (sequence, batch row, positions in that row predicting its continuation)
 
 
-def _score_rows(seqs: list[_Seq], reads: list[_Read], logp: torch.Tensor, at: dict[tuple[int, int], int],
-                lls: list[list[float]], greedy: list[list[bool]]) -> None:
+def _score_rows(
+    seqs: list[_Seq],
+    reads: list[_Read],
+    logp: torch.Tensor,
+    at: dict[tuple[int, int], int],
+    lls: list[list[float]],
+    greedy: list[list[bool]],
+) -> None:
     """Read each sequence's continuation log-likelihoods from ``logp`` [kept, vocab]; ``at[row, position]`` is the
     kept index of a position."""
     for s, r, ps in reads:
@@ -206,8 +217,9 @@ def _score_rows(seqs: list[_Seq], reads: list[_Read], logp: torch.Tensor, at: di
 
 def _reads(seqs: list[_Seq], chunk: list[int], offsets: list[int]) -> list[_Read]:
     """Row ``r`` holds sequence ``chunk[r]`` minus its first ``offsets[r]`` tokens (a cached prefix)."""
-    return [(s, r, [p - off for p in _positions(seqs[s])]) for r, (s, off) in enumerate(zip(chunk, offsets,
-                                                                                            strict=True))]
+    return [
+        (s, r, [p - off for p in _positions(seqs[s])]) for r, (s, off) in enumerate(zip(chunk, offsets, strict=True))
+    ]
 
 
 class _Forward:
@@ -235,14 +247,20 @@ class _Forward:
         """KV cache of right-padded prefixes and their attention mask [G, width]."""
         ids, mask = self._pad(rows)
         self.tokens += ids.numel()
-        out = self.model(input_ids=ids.to(self.device), attention_mask=mask.to(self.device), use_cache=True,
-                         logits_to_keep=1)
+        out = self.model(
+            input_ids=ids.to(self.device), attention_mask=mask.to(self.device), use_cache=True, logits_to_keep=1
+        )
         return (out.cache if "cache" in out else out.past_key_values), mask
 
-    def __call__(self, rows: list[list[int]], reads: list[_Read], past: Any = None,
-                 past_mask: torch.Tensor | None = None, starts: list[int] | None = None,
-                 tree: tuple[torch.Tensor, torch.Tensor] | None = None,
-                 ) -> tuple[torch.Tensor, dict[tuple[int, int], int]]:
+    def __call__(
+        self,
+        rows: list[list[int]],
+        reads: list[_Read],
+        past: Any = None,
+        past_mask: torch.Tensor | None = None,
+        starts: list[int] | None = None,
+        tree: tuple[torch.Tensor, torch.Tensor] | None = None,
+    ) -> tuple[torch.Tensor, dict[tuple[int, int], int]]:
         """log-probs [N, vocab] of the N distinct (row, position) pairs that ``reads`` name, and the index of each
         pair; positions count from the row's first token.
 
@@ -315,8 +333,15 @@ def _shared_groups(seqs: list[_Seq], kind: str, min_prefix: int) -> list[tuple[l
     return out
 
 
-def _run_shared(fwd: _Forward, seqs: list[_Seq], groups: list[tuple[list[int], int]], batch_size: int,
-                lls: list[list[float]], greedy: list[list[bool]], bar: Any) -> list[int]:
+def _run_shared(
+    fwd: _Forward,
+    seqs: list[_Seq],
+    groups: list[tuple[list[int], int]],
+    batch_size: int,
+    lls: list[list[float]],
+    greedy: list[list[bool]],
+    bar: Any,
+) -> list[int]:
     """Prefill each group's shared prefix once (several groups per batch), then run the members' suffixes."""
     groups = sorted(groups, key=lambda g: (-g[1], g[0][0]))
     order: list[int] = []
@@ -329,8 +354,10 @@ def _run_shared(fwd: _Forward, seqs: list[_Seq], groups: list[tuple[list[int], i
             count += len(groups[gi][0])
             gi += 1
         cache, pmask = fwd.prefill([seqs[m[0]].tokens[:n] for m, n in pack])
-        members = sorted(((g, s) for g, (m, _) in enumerate(pack) for s in m),
-                         key=lambda gs: (-(len(seqs[gs[1]].tokens) - pack[gs[0]][1]), gs[1]))
+        members = sorted(
+            ((g, s) for g, (m, _) in enumerate(pack) for s in m),
+            key=lambda gs: (-(len(seqs[gs[1]].tokens) - pack[gs[0]][1]), gs[1]),
+        )
         for start in range(0, len(members), batch_size):
             chunk = members[start : start + batch_size]
             rows = torch.tensor([g for g, _ in chunk])
@@ -339,8 +366,13 @@ def _run_shared(fwd: _Forward, seqs: list[_Seq], groups: list[tuple[list[int], i
             starts = [pack[g][1] for g, _ in chunk]
             idx = [s for _, s in chunk]
             reads = _reads(seqs, idx, starts)
-            logp, at = fwd([seqs[s].tokens[st:] for s, st in zip(idx, starts, strict=True)], reads, past=past,
-                           past_mask=pmask[rows], starts=starts)
+            logp, at = fwd(
+                [seqs[s].tokens[st:] for s, st in zip(idx, starts, strict=True)],
+                reads,
+                past=past,
+                past_mask=pmask[rows],
+                starts=starts,
+            )
             _score_rows(seqs, reads, logp, at, lls, greedy)
             order += idx
             if bar is not None:
@@ -368,8 +400,15 @@ def _fill_rows(lengths: list[int], batch_size: int) -> list[list[list[int]]]:
     return batches
 
 
-def _run_packed(fwd: _Forward, seqs: list[_Seq], groups: list[tuple[list[int], int]], batch_size: int,
-                lls: list[list[float]], greedy: list[list[bool]], bar: Any) -> list[int]:
+def _run_packed(
+    fwd: _Forward,
+    seqs: list[_Seq],
+    groups: list[tuple[list[int], int]],
+    batch_size: int,
+    lls: list[list[float]],
+    greedy: list[list[bool]],
+    bar: Any,
+) -> list[int]:
     """Each group (the choices of one item) as one block: the shared prefix once, then every member's suffix.
 
     The shared prefix is the members' longest common token prefix: the context, and the common start of the
@@ -420,7 +459,11 @@ def _run_packed(fwd: _Forward, seqs: list[_Seq], groups: list[tuple[list[int], i
 
 @torch.no_grad()
 def _run(
-    model: PreTrainedModel, seqs: list[_Seq], batch_size: int, pad_id: int, progress: bool,
+    model: PreTrainedModel,
+    seqs: list[_Seq],
+    batch_size: int,
+    pad_id: int,
+    progress: bool,
     share: tuple[int, int] | None,
 ) -> tuple[list[list[float]], list[list[bool]], list[int], int]:
     """Per sequence: log-likelihood and greedy flag per continuation read from it; the forward order; and how many
@@ -461,8 +504,9 @@ def _can_share(model: PreTrainedModel) -> bool:
     # Sliding-window caches drop old keys, so a long shared prefix would not be reusable as is.
     cfgs = [model.config, getattr(model.config, "text_config", None)]
     for cfg in filter(None, cfgs):
-        if getattr(cfg, "sliding_window", None) or any("sliding" in str(t) for t in getattr(cfg, "layer_types", None)
-                                                       or ()):
+        if getattr(cfg, "sliding_window", None) or any(
+            "sliding" in str(t) for t in getattr(cfg, "layer_types", None) or ()
+        ):
             return False
     return True
 
@@ -491,7 +535,9 @@ def _policy_config(policy: Policy | None) -> dict[str, Any] | None:
     if policy is None:
         return None
     return {
-        "score": policy.score, "threshold": policy.threshold, "seed": policy.seed,
+        "score": policy.score,
+        "threshold": policy.threshold,
+        "seed": policy.seed,
         "mask": None if policy.mask is None else policy.mask.to(torch.int8).tolist(),
     }
 
@@ -578,8 +624,9 @@ def evaluate(
             lls[seq.item][seq.choice] = lls_seq[s][0]
             greedy[seq.item][seq.choice] = greedy_seq[s][0]
     pred = [_argmax(x) for x in lls]
-    pred_norm = [_argmax([v / len(t) for v, t in zip(x, it.choice_texts, strict=True)]) for x, it in zip(lls, items,
-                                                                                                       strict=True)]
+    pred_norm = [
+        _argmax([v / len(t) for v, t in zip(x, it.choice_texts, strict=True)]) for x, it in zip(lls, items, strict=True)
+    ]
     gold = [it.gold for it in items]
     acc = [float(p == g) for p, g in zip(pred, gold, strict=True)]
     acc_norm = [float(p == g) for p, g in zip(pred_norm, gold, strict=True)]
@@ -589,8 +636,9 @@ def evaluate(
         metrics["acc_norm"] = sum(acc_norm) / n
     group_metrics: dict[str, dict[str, float]] = {}
     for it, a, an in zip(items, acc, acc_norm, strict=True):
-        g = group_metrics.setdefault(it.group, {"n": 0, "acc": 0.0, **({"acc_norm": 0.0} if "acc_norm" in metrics
-                                                                         else {})})
+        g = group_metrics.setdefault(
+            it.group, {"n": 0, "acc": 0.0, **({"acc_norm": 0.0} if "acc_norm" in metrics else {})}
+        )
         g["n"] += 1
         g["acc"] += a
         if "acc_norm" in g:
@@ -608,26 +656,61 @@ def evaluate(
     n_tokens = sum(len(s.tokens) for s in seqs)
     t_end = time.perf_counter()
     timing = {
-        "total_s": t_end - t0, "build_s": t_build - t0, "forward_s": t_run - t_build,
-        "items_per_s": len(items) / max(t_run - t_build, 1e-9), "sequences": len(seqs), "tokens": n_tokens,
+        "total_s": t_end - t0,
+        "build_s": t_build - t0,
+        "forward_s": t_run - t_build,
+        "items_per_s": len(items) / max(t_run - t_build, 1e-9),
+        "sequences": len(seqs),
+        "tokens": n_tokens,
         "forward_tokens": n_forward,
     }
     config = {
-        "task": task.name, "shots": shots, "limit": limit, "seed": seed, "batch_size": batch_size,
-        "fewshot_sampler": task.fewshot_sampler, "fewshot_seed": FEWSHOT_SEED, "fewshot_split": task.fewshot_split,
-        "split": task.split, "sources": list(task.sources), "source": source,
-        "data_dir": None if data_dir is None else str(data_dir), "apply_chat_template": apply_chat_template,
+        "task": task.name,
+        "shots": shots,
+        "limit": limit,
+        "seed": seed,
+        "batch_size": batch_size,
+        "fewshot_sampler": task.fewshot_sampler,
+        "fewshot_seed": FEWSHOT_SEED,
+        "fewshot_split": task.fewshot_split,
+        "split": task.split,
+        "sources": list(task.sources),
+        "source": source,
+        "data_dir": None if data_dir is None else str(data_dir),
+        "apply_chat_template": apply_chat_template,
         "share_prefix": share_prefix,
-        "fewshot_as_multiturn": fewshot_as_multiturn, "target_delimiter": task.target_delimiter,
-        "fewshot_delimiter": task.fewshot_delimiter, "policy": _policy_config(policy), "record": record,
-        "model": getattr(model.config, "_name_or_path", ""), "model_class": type(model).__name__,
-        "dtype": str(next(model.parameters()).dtype), "torch": torch.__version__,
-        "transformers": transformers.__version__, "python": platform.python_version(), "notes": task.notes,
+        "fewshot_as_multiturn": fewshot_as_multiturn,
+        "target_delimiter": task.target_delimiter,
+        "fewshot_delimiter": task.fewshot_delimiter,
+        "policy": _policy_config(policy),
+        "record": record,
+        "model": getattr(model.config, "_name_or_path", ""),
+        "model_class": type(model).__name__,
+        "dtype": str(next(model.parameters()).dtype),
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "python": platform.python_version(),
+        "notes": task.notes,
     }
     return EvalResult(
-        task=task.name, metrics=metrics, n_items=len(items), item_ids=[it.id for it in items],
-        groups=[it.group for it in items], gold=gold, pred=pred, pred_norm=pred_norm, loglikelihoods=lls,
-        is_greedy=greedy, gold_loglikelihood=sum(x[g] for x, g in zip(lls, gold, strict=True)) / n,
-        group_metrics=group_metrics, rows=[(s.item, s.choice) for s in seqs], timing=timing, config=config,
-        zeroed_fraction=zf, zeroed_per_layer=zl, zeroed_per_head=zh, scores=scores, zeroed=zeroed,
+        task=task.name,
+        metrics=metrics,
+        n_items=len(items),
+        item_ids=[it.id for it in items],
+        groups=[it.group for it in items],
+        gold=gold,
+        pred=pred,
+        pred_norm=pred_norm,
+        loglikelihoods=lls,
+        is_greedy=greedy,
+        gold_loglikelihood=sum(x[g] for x, g in zip(lls, gold, strict=True)) / n,
+        group_metrics=group_metrics,
+        rows=[(s.item, s.choice) for s in seqs],
+        timing=timing,
+        config=config,
+        zeroed_fraction=zf,
+        zeroed_per_layer=zl,
+        zeroed_per_head=zh,
+        scores=scores,
+        zeroed=zeroed,
     )

@@ -225,8 +225,11 @@ def _best_cell(run: RunData, rows: list[dict[str, object]]) -> tuple[str, dict[s
             return str(name), max(cells, key=lambda c: c["fraction_zeroed"])
     # No cell stays within 1 point: show the best score function's mildest intervention.
     for name in ordered:
-        cells = [c for c in (curves[name].extra["cells"] if name in curves else [])  # type: ignore[union-attr]
-                 if _head_frequency(run, c) is not None]
+        cells = [
+            c
+            for c in (curves[name].extra["cells"] if name in curves else [])  # type: ignore[union-attr]
+            if _head_frequency(run, c) is not None
+        ]
         if cells:
             return str(name), min(cells, key=lambda c: c["fraction_zeroed"])
     return None
@@ -343,17 +346,25 @@ def _table2_rows(rows: list[dict[str, object]]) -> list[list[str]]:
 
 def _cell_rows(run: RunData) -> list[list[str]]:
     order = {n: k for k, n in enumerate(run.score_names)}
-    cells = sorted(run.cells, key=lambda c: (c.get("score") is not None, order.get(c.get("score"), -1),
-                                               c.get("target") or 0.0))
+    cells = sorted(
+        run.cells, key=lambda c: (c.get("score") is not None, order.get(c.get("score"), -1), c.get("target") or 0.0)
+    )
     base = run.baseline
 
     def num(value: Any, fmt: str) -> str:
         return "–" if value is None else format(value, fmt)
 
     return [
-        [str(c.get("score") or "baseline"), num(c.get("target"), "g"), num(c.get("threshold"), ".4g"),
-         _fmt_pct(float(c["fraction_zeroed"])), f"{100 * c['accuracy']:.2f}", f"{100 * (c['accuracy'] - base):+.2f}",
-         num(c.get("mean_ll_correct"), ".4f"), num(c.get("seconds"), ".0f")]
+        [
+            str(c.get("score") or "baseline"),
+            num(c.get("target"), "g"),
+            num(c.get("threshold"), ".4g"),
+            _fmt_pct(float(c["fraction_zeroed"])),
+            f"{100 * c['accuracy']:.2f}",
+            f"{100 * (c['accuracy'] - base):+.2f}",
+            num(c.get("mean_ll_correct"), ".4f"),
+            num(c.get("seconds"), ".0f"),
+        ]
         for c in cells
     ]
 
@@ -399,8 +410,9 @@ def write_report(run_dirs: Iterable[str | Path], out_dir: str | Path) -> tuple[P
         if best is not None:
             doc.img(_head_heatmap(run, *best), f"heads_{i}_{_slug(run.name)}.png", f"zeroed heads, {run.name}")
         doc.p("Every cell of the sweep (accuracy and Δ in points; mean log-likelihood of the correct choice):")
-        doc.table(["score", "target", "threshold", "% zeroed", "accuracy", "Δ", "mean ll correct", "s"],
-                  _cell_rows(run))
+        doc.table(
+            ["score", "target", "threshold", "% zeroed", "accuracy", "Δ", "mean ll correct", "s"], _cell_rows(run)
+        )
 
     doc.h(2, "Ranks across models")
     names = [n for n in SCORE_FUNCTIONS if any(r["score"] == n for rows in all_rows for r in rows)]

@@ -108,8 +108,9 @@ class Task:
         if shots <= 0:
             return []
         if self.fewshot is None:
-            raise DataError(f"task {self.name!r} has no few-shot source: {self.fewshot_missing or 'none loaded'}; "
-                            "use shots=0")
+            raise DataError(
+                f"task {self.name!r} has no few-shot source: {self.fewshot_missing or 'none loaded'}; use shots=0"
+            )
         pool = self.fewshot.get(item.group)
         if pool is None:
             raise DataError(f"task {self.name!r}: no few-shot examples for group {item.group!r}")
@@ -131,7 +132,10 @@ class Task:
         return rnd.sample(pool, shots)
 
     def requests(
-        self, item: Item, examples: list[Item], chat_template: Callable[[list[dict[str, str]]], str] | None = None,
+        self,
+        item: Item,
+        examples: list[Item],
+        chat_template: Callable[[list[dict[str, str]]], str] | None = None,
         fewshot_as_multiturn: bool = True,
     ) -> list[tuple[str, str]]:
         """(context, continuation) strings per choice, as lm-eval's ``fewshot_context`` + ``construct_requests``."""
@@ -198,8 +202,10 @@ def get_task(name: str, data_dir: str | Path | None = None, source: str = "files
     spec = TASKS.get(name)
     if spec is None:
         plain = sorted(n for n in TASKS if not n.startswith("mmlu_"))
-        raise KeyError(f"unknown task {name!r}; available: {', '.join(plain)} and mmlu_<subject> for the "
-                       f"{sum(n.startswith('mmlu_') for n in TASKS)} MMLU subjects")
+        raise KeyError(
+            f"unknown task {name!r}; available: {', '.join(plain)} and mmlu_<subject> for the "
+            f"{sum(n.startswith('mmlu_') for n in TASKS)} MMLU subjects"
+        )
     return spec.load(data_dir, source)
 
 

@@ -116,8 +116,10 @@ def hub_rows(path: str, name: str | None, split: str) -> Iterator[dict[str, Any]
     try:
         ds = datasets.load_dataset(path, name, split=split)
     except Exception as e:  # pragma: no cover - network dependent
-        raise DataError(f"could not load {path}/{name or ''} split {split!r} from the HF hub: {e}; "
-                        "use source='files' with a local data_dir instead") from e
+        raise DataError(
+            f"could not load {path}/{name or ''} split {split!r} from the HF hub: {e}; "
+            "use source='files' with a local data_dir instead"
+        ) from e
     for i, row in enumerate(ds):
         yield {**row, "_line": i + 1}
 

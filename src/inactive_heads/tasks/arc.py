@@ -27,16 +27,32 @@ def _file_items(path: Path, split: str) -> list[Item]:
         choices = field(q, "choices", path, where, list)
         texts = [field(c, "text", path, where) for c in choices]
         labels = [field(c, "label", path, where) for c in choices]
-        return _item(field(q, "stem", path, where), texts, labels, field(row, "answerKey", path, where),
-                     f"{path.stem}:{row['_line']}", f"{path}, {where}")
+        return _item(
+            field(q, "stem", path, where),
+            texts,
+            labels,
+            field(row, "answerKey", path, where),
+            f"{path.stem}:{row['_line']}",
+            f"{path}, {where}",
+        )
 
     return convert(read_jsonl(path), row_item, path)
 
 
 def _hub_items(subset: str, split: str) -> list[Item]:
     rows = list(hub_rows("allenai/ai2_arc", subset, split))
-    return convert(rows, lambda r, w: _item(r["question"], list(r["choices"]["text"]), list(r["choices"]["label"]),
-                                            r["answerKey"], f"{subset}/{split}:{r['_line']}", w), "allenai/ai2_arc")
+    return convert(
+        rows,
+        lambda r, w: _item(
+            r["question"],
+            list(r["choices"]["text"]),
+            list(r["choices"]["label"]),
+            r["answerKey"],
+            f"{subset}/{split}:{r['_line']}",
+            w,
+        ),
+        "allenai/ai2_arc",
+    )
 
 
 def _load(subset: str, name: str, data_dir: Path | None, source: str) -> Task:
@@ -49,10 +65,19 @@ def _load(subset: str, name: str, data_dir: Path | None, source: str) -> Task:
         devp = require(folder / f"{subset}-Dev.jsonl", f"the {subset} dev split (AI2 ARC jsonl)")
         items, dev = _file_items(test, "test"), _file_items(devp, "dev")
         sources = [str(test), str(devp)]
-    return Task(name=name, items=items, metrics=("acc", "acc_norm"), default_shots=0, fewshot={"": dev},
-                split="test", fewshot_split="validation (train unavailable)", sources=sources)
+    return Task(
+        name=name,
+        items=items,
+        metrics=("acc", "acc_norm"),
+        default_shots=0,
+        fewshot={"": dev},
+        split="test",
+        fewshot_split="validation (train unavailable)",
+        sources=sources,
+    )
 
 
 register_task("arc_easy", summary="ARC-Easy test, acc/acc_norm")(partial(_load, "ARC-Easy", "arc_easy"))
 register_task("arc_challenge", summary="ARC-Challenge test, acc/acc_norm")(
-    partial(_load, "ARC-Challenge", "arc_challenge"))
+    partial(_load, "ARC-Challenge", "arc_challenge")
+)

@@ -28,15 +28,34 @@ def boolq(data_dir: Path | None, source: str) -> Task:
     """Load BoolQ validation."""
     if source == "hub":
         rows = list(hub_rows("aps/super_glue", "boolq", "validation"))
-        items = convert(rows, lambda r, w: _item(r["passage"], r["question"], r["label"],
-                                                 f"boolq/validation:{r['_line']}", w), "aps/super_glue")
+        items = convert(
+            rows,
+            lambda r, w: _item(r["passage"], r["question"], r["label"], f"boolq/validation:{r['_line']}", w),
+            "aps/super_glue",
+        )
         sources = ["hub:aps/super_glue/boolq"]
     else:
         path = require(resolve_dir(data_dir, "boolq") / "val.jsonl", "BoolQ validation (question, passage, label)")
-        items = convert(read_jsonl(path), lambda r, w: _item(
-            field(r, "passage", path, w), field(r, "question", path, w), field(r, "label", path, w, (str, int, bool)),
-            f"boolq/val:{r['_line']}", f"{path}, {w}"), path)
+        items = convert(
+            read_jsonl(path),
+            lambda r, w: _item(
+                field(r, "passage", path, w),
+                field(r, "question", path, w),
+                field(r, "label", path, w, (str, int, bool)),
+                f"boolq/val:{r['_line']}",
+                f"{path}, {w}",
+            ),
+            path,
+        )
         sources = [str(path)]
-    return Task(name="boolq", items=items, metrics=("acc",), default_shots=0, fewshot={"": items},
-                fewshot_excludes_item=True, split="validation", fewshot_split="validation (train unavailable)",
-                sources=sources)
+    return Task(
+        name="boolq",
+        items=items,
+        metrics=("acc",),
+        default_shots=0,
+        fewshot={"": items},
+        fewshot_excludes_item=True,
+        split="validation",
+        fewshot_split="validation (train unavailable)",
+        sources=sources,
+    )

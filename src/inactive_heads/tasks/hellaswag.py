@@ -45,11 +45,17 @@ def _derived(path: Path) -> list[Item]:
         raise DataError(f"{path}: {len(lines)} lines, not a multiple of 6 (context, label, 4 endings per item)")
     items = []
     for k in range(len(lines) // 6):
-        block = lines[6 * k: 6 * k + 6]
+        block = lines[6 * k : 6 * k + 6]
         if block[1].strip() not in ("0", "1", "2", "3"):
             raise DataError(f"{path}, line {6 * k + 2} (item {k + 1}): label {block[1]!r} is not 0..3")
-        items.append(Item(f"hellaswag/val:{k + 1}", (_preprocess(block[0]),),
-                          tuple(_preprocess(e) for e in block[2:]), int(block[1])))
+        items.append(
+            Item(
+                f"hellaswag/val:{k + 1}",
+                (_preprocess(block[0]),),
+                tuple(_preprocess(e) for e in block[2:]),
+                int(block[1]),
+            )
+        )
     return items
 
 
@@ -65,6 +71,7 @@ def hellaswag(data_dir: Path | None, source: str) -> Task:
         folder = resolve_dir(data_dir, "hellaswag")
         official, derived = folder / "hellaswag_val.jsonl", folder / "hellaswag_val_full.txt.bz2"
         if official.is_file():
+
             def row_item(r: dict, w: str) -> Item:
                 for key in ("ctx_a", "ctx_b", "activity_label"):
                     field(r, key, official, w)
@@ -78,6 +85,15 @@ def hellaswag(data_dir: Path | None, source: str) -> Task:
             notes = "derived text file: ctx_b capitalisation of lm-eval not reproducible"
         else:
             raise DataError(f"neither {official} (official jsonl) nor {derived} (llama.cpp text format) exists")
-    return Task(name="hellaswag", items=items, metrics=("acc", "acc_norm"), default_shots=0, fewshot={"": items},
-                fewshot_excludes_item=True, split="validation", fewshot_split="validation (train unavailable)",
-                sources=sources, notes=notes)
+    return Task(
+        name="hellaswag",
+        items=items,
+        metrics=("acc", "acc_norm"),
+        default_shots=0,
+        fewshot={"": items},
+        fewshot_excludes_item=True,
+        split="validation",
+        fewshot_split="validation (train unavailable)",
+        sources=sources,
+        notes=notes,
+    )

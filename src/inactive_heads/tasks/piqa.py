@@ -23,8 +23,11 @@ def piqa(data_dir: Path | None, source: str) -> Task:
     """Load PIQA validation."""
     if source == "hub":
         rows = list(hub_rows("baber/piqa", None, "validation"))
-        items = convert(rows, lambda r, w: _item(r["goal"], r["sol1"], r["sol2"], int(r["label"]),
-                                                 f"piqa/validation:{r['_line']}"), "baber/piqa")
+        items = convert(
+            rows,
+            lambda r, w: _item(r["goal"], r["sol1"], r["sol2"], int(r["label"]), f"piqa/validation:{r['_line']}"),
+            "baber/piqa",
+        )
         sources = ["hub:baber/piqa"]
     else:
         folder = resolve_dir(data_dir, "piqa")
@@ -32,19 +35,34 @@ def piqa(data_dir: Path | None, source: str) -> Task:
         lpath = require(folder / "valid-labels.lst", "PIQA validation labels (0 or 1 per line)")
         rows, labels = read_jsonl(path), read_lines(lpath)
         if len(rows) != len(labels):
-            raise DataError(f"{lpath} has {len(labels)} labels but {path} has {len(rows)} rows; they must be "
-                            "line-aligned copies of the same release")
+            raise DataError(
+                f"{lpath} has {len(labels)} labels but {path} has {len(rows)} rows; they must be "
+                "line-aligned copies of the same release"
+            )
 
         def row_item(row: dict, where: str) -> Item:
             n = row["_line"]
             lab = labels[n - 1]
             if lab not in ("0", "1"):
                 raise DataError(f"{lpath}, line {n}: label {lab!r} is not 0 or 1")
-            return _item(field(row, "goal", path, where), field(row, "sol1", path, where),
-                         field(row, "sol2", path, where), int(lab), f"piqa/valid:{n}")
+            return _item(
+                field(row, "goal", path, where),
+                field(row, "sol1", path, where),
+                field(row, "sol2", path, where),
+                int(lab),
+                f"piqa/valid:{n}",
+            )
 
         items = convert(rows, row_item, path)
         sources = [str(path), str(lpath)]
-    return Task(name="piqa", items=items, metrics=("acc", "acc_norm"), default_shots=0, fewshot={"": items},
-                fewshot_excludes_item=True, split="validation", fewshot_split="validation (train unavailable)",
-                sources=sources)
+    return Task(
+        name="piqa",
+        items=items,
+        metrics=("acc", "acc_norm"),
+        default_shots=0,
+        fewshot={"": items},
+        fewshot_excludes_item=True,
+        split="validation",
+        fewshot_split="validation (train unavailable)",
+        sources=sources,
+    )

@@ -21,11 +21,62 @@ from . import Item, Task, register_task
 __all__ = ["WORDS", "recall_task"]
 
 WORDS = (
-    "apple", "river", "stone", "cloud", "horse", "table", "green", "music", "paper", "light", "water", "bread",
-    "chair", "dream", "flower", "garden", "island", "jacket", "kitten", "ladder", "mirror", "needle", "orange",
-    "pencil", "rabbit", "silver", "tiger", "violin", "window", "yellow", "anchor", "basket", "candle", "dragon",
-    "forest", "guitar", "hammer", "lemon", "market", "ocean", "planet", "rocket", "shadow", "tomato", "valley",
-    "wallet", "bottle", "castle", "desert", "engine", "finger", "monkey", "pepper", "school", "summer", "ticket",
+    "apple",
+    "river",
+    "stone",
+    "cloud",
+    "horse",
+    "table",
+    "green",
+    "music",
+    "paper",
+    "light",
+    "water",
+    "bread",
+    "chair",
+    "dream",
+    "flower",
+    "garden",
+    "island",
+    "jacket",
+    "kitten",
+    "ladder",
+    "mirror",
+    "needle",
+    "orange",
+    "pencil",
+    "rabbit",
+    "silver",
+    "tiger",
+    "violin",
+    "window",
+    "yellow",
+    "anchor",
+    "basket",
+    "candle",
+    "dragon",
+    "forest",
+    "guitar",
+    "hammer",
+    "lemon",
+    "market",
+    "ocean",
+    "planet",
+    "rocket",
+    "shadow",
+    "tomato",
+    "valley",
+    "wallet",
+    "bottle",
+    "castle",
+    "desert",
+    "engine",
+    "finger",
+    "monkey",
+    "pepper",
+    "school",
+    "summer",
+    "ticket",
 )
 
 
@@ -50,9 +101,16 @@ def recall_task(n_items: int = 200, seed: int = 0, n_words: int = 10) -> Task:
     rng = random.Random(seed)
     items = _generate(rng, n_items, n_words, f"recall/{seed}")
     pool = _generate(rng, 50, n_words, f"recall/{seed}/fewshot")
-    return Task(name="recall", items=items, metrics=("acc", "acc_norm"), default_shots=0, fewshot={"": pool},
-                split=f"generated(seed={seed}, n_items={n_items}, n_words={n_words})", fewshot_split="generated",
-                sources=[f"generated:recall(seed={seed}, n_items={n_items}, n_words={n_words})"])
+    return Task(
+        name="recall",
+        items=items,
+        metrics=("acc", "acc_norm"),
+        default_shots=0,
+        fewshot={"": pool},
+        split=f"generated(seed={seed}, n_items={n_items}, n_words={n_words})",
+        fewshot_split="generated",
+        sources=[f"generated:recall(seed={seed}, n_items={n_items}, n_words={n_words})"],
+    )
 
 
 @register_task("recall", summary="generated in-context word recall, 200 items, 4 choices", sources=("files", "hub"))

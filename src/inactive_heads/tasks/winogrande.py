@@ -23,8 +23,9 @@ def _item(sentence: str, option1: str, option2: str, answer: str, item_id: str, 
         raise DataError(f"{where}: answer {answer!r} is not '1' or '2'")
     idx = sentence.index("_")
     # lm-eval preprocess_winogrande: contexts = sentence[:idx] + option, target = sentence[idx+1:].strip()
-    return Item(item_id, (sentence[:idx] + option1, sentence[:idx] + option2), (sentence[idx + 1:].strip(),),
-                int(answer) - 1)
+    return Item(
+        item_id, (sentence[:idx] + option1, sentence[:idx] + option2), (sentence[idx + 1 :].strip(),), int(answer) - 1
+    )
 
 
 @register_task("winogrande", summary="WinoGrande dev, partial scoring, acc")
@@ -32,8 +33,13 @@ def winogrande(data_dir: Path | None, source: str) -> Task:
     """Load WinoGrande dev (= lm-eval's validation split of winogrande_xl)."""
     if source == "hub":
         rows = list(hub_rows("allenai/winogrande", "winogrande_xl", "validation"))
-        items = convert(rows, lambda r, w: _item(r["sentence"], r["option1"], r["option2"], str(r["answer"]),
-                                                 f"winogrande/validation:{r['_line']}", w), "allenai/winogrande")
+        items = convert(
+            rows,
+            lambda r, w: _item(
+                r["sentence"], r["option1"], r["option2"], str(r["answer"]), f"winogrande/validation:{r['_line']}", w
+            ),
+            "allenai/winogrande",
+        )
         sources = ["hub:allenai/winogrande/winogrande_xl"]
     else:
         folder = resolve_dir(data_dir, "winogrande")
@@ -52,13 +58,28 @@ def winogrande(data_dir: Path | None, source: str) -> Task:
         def row_item(row: dict, where: str) -> Item:
             answer = field(row, "answer", path, where)
             if labels is not None and labels[row["_line"] - 1] != answer:
-                raise DataError(f"{path}, {where}: answer {answer!r} disagrees with {lpath} "
-                                f"({labels[row['_line'] - 1]!r}); the two files come from different releases")
-            return _item(field(row, "sentence", path, where), field(row, "option1", path, where),
-                         field(row, "option2", path, where), answer,
-                         f"winogrande/dev:{row['_line']}", f"{path}, {where}")
+                raise DataError(
+                    f"{path}, {where}: answer {answer!r} disagrees with {lpath} "
+                    f"({labels[row['_line'] - 1]!r}); the two files come from different releases"
+                )
+            return _item(
+                field(row, "sentence", path, where),
+                field(row, "option1", path, where),
+                field(row, "option2", path, where),
+                answer,
+                f"winogrande/dev:{row['_line']}",
+                f"{path}, {where}",
+            )
 
         items = convert(rows, row_item, path)
-    return Task(name="winogrande", items=items, metrics=("acc",), default_shots=0, fewshot={"": items},
-                fewshot_excludes_item=True, split="validation", fewshot_split="validation (train unavailable)",
-                sources=sources)
+    return Task(
+        name="winogrande",
+        items=items,
+        metrics=("acc",),
+        default_shots=0,
+        fewshot={"": items},
+        fewshot_excludes_item=True,
+        split="validation",
+        fewshot_split="validation (train unavailable)",
+        sources=sources,
+    )
