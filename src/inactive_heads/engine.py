@@ -13,6 +13,8 @@ import contextlib
 import ctypes
 import ctypes.util
 import inspect
+import math
+import numbers
 import sys
 import zlib
 from collections.abc import Iterator, Sequence
@@ -54,6 +56,15 @@ class Policy:
                 raise ValueError(f"unknown score {self.score!r}; registered: {sorted(SCORE_FUNCTIONS)}")
             if self.threshold is None:
                 raise ValueError(f"score={self.score!r} needs threshold=")
+            # A NaN threshold passes no head and a string fails only inside the first forward: refuse both here.
+            if isinstance(self.threshold, bool) or not isinstance(self.threshold, numbers.Real):
+                raise TypeError(f"threshold must be a number, got {type(self.threshold).__name__} {self.threshold!r}")
+            if not math.isfinite(self.threshold):
+                raise ValueError(f"threshold must be a finite number, got {self.threshold!r}")
+        elif self.threshold is not None:
+            raise ValueError("threshold= applies to score=, not to a static mask=")
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int):
+            raise TypeError(f"seed must be an int, got {type(self.seed).__name__} {self.seed!r}")
         if self.mask is not None and (self.mask.dtype != torch.bool or self.mask.dim() != 2):
             raise ValueError(
                 f"mask must be a bool tensor [n_layers, n_heads], got {self.mask.dtype} {tuple(self.mask.shape)}"
@@ -208,10 +219,7 @@ class _Session:
         if torch.isfinite(values).all():
             return
         name = next(n for n, v in zip(present, values, strict=True) if not torch.isfinite(v).all())
-        raise FloatingPointError(
-            f"non-finite {name} statistic in attention layer {layer} (model dtype {dtype}); "
-            "load the model with dtype=torch.float32"
-        )
+        raise FloatingPointError(f"non-finite {name} statistic in attention layer {layer}; {non_finite_hint(dtype)}")
 
     def zeroed(self) -> torch.Tensor | None:
         self.flush()
@@ -232,6 +240,13 @@ class _Session:
         # Every raw statistic is also the score of the same name; derive computes the others from them.
         derived = HeadScores(dict(zip(RAW_STATS, raw, strict=True))).derive(SCORE_FUNCTIONS)
         return HeadScores({n: derived[n] for n in SCORE_FUNCTIONS})
+
+
+def non_finite_hint(dtype: torch.dtype) -> str:
+    """What to try when a model computes NaN/inf: half precision overflows; a float32 model has bad weights."""
+    if dtype == torch.float32 or dtype == torch.float64:
+        return f"the model is {dtype}, so its weights (or inputs) hold NaN/inf: check the checkpoint"
+    return f"the model is {dtype}, which can overflow: load it with dtype=torch.float32"
 
 
 def _load_malloc_trim():

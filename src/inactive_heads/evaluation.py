@@ -31,7 +31,7 @@ import torch
 import transformers
 from transformers import PreTrainedModel
 
-from .engine import Policy, watch
+from .engine import Policy, non_finite_hint, watch
 from .scores import HeadScores
 from .tasks import FEWSHOT_SEED, Item, Task, get_task, subset
 
@@ -542,6 +542,16 @@ def _policy_config(policy: Policy | None) -> dict[str, Any] | None:
     }
 
 
+def check_request(task: Task, shots: int, limit: int | None, seed: int) -> None:
+    """Raise what evaluating ``task`` with these settings would raise about them, before anything runs or is
+    written: a bad ``limit``, or more ``shots`` than some item's few-shot pool holds."""
+    if shots < 0:
+        raise ValueError(f"shots must be >= 0, got {shots}")
+    rnd = random.Random(FEWSHOT_SEED)  # the same draws as _build, so the same items fail
+    for item in subset(task.items, limit, seed):
+        task.fewshot_examples(item, shots, rnd)
+
+
 def evaluate(
     model: PreTrainedModel,
     tokenizer: Any,
@@ -623,6 +633,13 @@ def evaluate(
         else:
             lls[seq.item][seq.choice] = lls_seq[s][0]
             greedy[seq.item][seq.choice] = greedy_seq[s][0]
+    for it, x in zip(items, lls, strict=True):
+        if not all(math.isfinite(v) for v in x):
+            # NaN compares false, so argmax would silently pick choice 0 and yield a plausible accuracy.
+            dtype = next(model.parameters()).dtype
+            raise FloatingPointError(
+                f"item {it.id} of task {task.name!r}: log-likelihoods {x} are not finite; {non_finite_hint(dtype)}"
+            )
     pred = [_argmax(x) for x in lls]
     pred_norm = [
         _argmax([v / len(t) for v, t in zip(x, it.choice_texts, strict=True)]) for x, it in zip(lls, items, strict=True)

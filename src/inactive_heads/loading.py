@@ -5,8 +5,10 @@ from __future__ import annotations
 import hashlib
 import os
 import shutil
+import socket
 import tempfile
 from pathlib import Path
+from urllib.parse import urlparse
 
 import torch
 import transformers
@@ -58,28 +60,77 @@ def load_model(
     else:
         raise FileNotFoundError(f"{spec} does not exist; pass a hub id (org/name), a model directory or a .gguf file")
 
-    config = _config(source)
+    offline = identity["format"] == "hub" and not _hub_reachable()
+    config = _config(source, offline)
+    _check_decoder(spec, config)
     model_cls = transformers.AutoModelForCausalLM
-    if type(config) not in model_cls._model_mapping:
-        raise ValueError(
-            f"{spec} is a {type(config).__name__} model, which transformers cannot load as a causal LM; "
-            "inactive-heads needs a decoder-only language model"
-        )
-    model = model_cls.from_pretrained(source, dtype=dtype, device_map=device_map)
-    tokenizer = transformers.AutoTokenizer.from_pretrained(source)
+    model = model_cls.from_pretrained(source, dtype=dtype, device_map=device_map, local_files_only=offline)
+    tokenizer = transformers.AutoTokenizer.from_pretrained(source, local_files_only=offline)
     if identity["format"] == "hub":
         identity["revision"] = getattr(model.config, "_commit_hash", None)
     model.inactive_heads_source = identity
     return model.eval(), tokenizer
 
 
-def _config(source: str | Path) -> transformers.PretrainedConfig:
+def _hub_reachable(timeout: float = 3.0) -> bool:
+    """Whether the Hugging Face hub answers; without it transformers retries for half a minute per file."""
+    from huggingface_hub import constants
+
+    if constants.HF_HUB_OFFLINE:
+        return False
+    url = urlparse(constants.ENDPOINT)
     try:
-        return transformers.AutoConfig.from_pretrained(source)
-    except OSError as err:
-        raise OSError(
+        socket.create_connection((url.hostname, url.port or 443), timeout=timeout).close()
+    except OSError:
+        return False
+    return True
+
+
+def _config(source: str | Path, offline: bool = False) -> transformers.PretrainedConfig:
+    try:
+        return transformers.AutoConfig.from_pretrained(source, local_files_only=offline)
+    except (OSError, ValueError) as err:
+        if offline:
+            from huggingface_hub import constants
+
+            why = "HF_HUB_OFFLINE is set" if constants.HF_HUB_OFFLINE else f"{constants.ENDPOINT} is unreachable"
+            raise FileNotFoundError(
+                f"{source!r} is neither a local path nor in the Hugging Face cache ({constants.HF_HUB_CACHE}), and "
+                f"{why}; check the path for typos, or pass a local model directory or a .gguf file"
+            ) from None
+        raise FileNotFoundError(
             f"cannot load {source}: {err}. Without a hub connection pass a local model directory or a .gguf file"
-        ) from err
+        ) from None
+
+
+# Heads that mark an encoder checkpoint: loading it as a causal LM would attach a random LM head.
+_ENCODER_HEADS = (
+    "ForMaskedLM",
+    "ForSequenceClassification",
+    "ForTokenClassification",
+    "ForQuestionAnswering",
+    "ForMultipleChoice",
+    "ForPreTraining",
+    "ForNextSentencePrediction",
+)
+
+
+def _check_decoder(spec: str | os.PathLike, config: transformers.PretrainedConfig) -> None:
+    """Refuse, from the config alone, what is not a decoder-only language model."""
+    if type(config) not in transformers.AutoModelForCausalLM._model_mapping or getattr(
+        config, "is_encoder_decoder", False
+    ):
+        raise ValueError(
+            f"{spec} is a {type(config).__name__} model, which transformers cannot load as a decoder-only causal "
+            "LM; inactive-heads needs a decoder-only language model"
+        )
+    archs = list(getattr(config, "architectures", None) or [])
+    causal = any(a.endswith(("ForCausalLM", "LMHeadModel")) for a in archs)
+    if not causal and any(a.endswith(_ENCODER_HEADS) for a in archs):
+        raise ValueError(
+            f"{spec} is an encoder checkpoint ({', '.join(archs)}), not a causal language model; loading it as "
+            "one would add an untrained LM head. inactive-heads needs a decoder-only language model"
+        )
 
 
 def _dir_fingerprint(path: Path) -> str:
@@ -99,7 +150,7 @@ def _cached_gguf(path: Path, sha: str) -> Path:
     try:
         model = transformers.AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32)
         tokenizer = transformers.AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
-    except (ValueError, KeyError, OSError, RuntimeError) as err:
+    except Exception as err:  # the gguf reader fails on a short file with struct.error, numpy or index errors
         raise ValueError(
             f"cannot read GGUF file {path}: {err}. The file may be truncated or of an architecture transformers' GGUF "
             "loader does not support; re-download it or pass a Hugging Face directory instead"

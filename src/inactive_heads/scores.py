@@ -65,7 +65,25 @@ class ScoreSpec:
     needs: frozenset[str] = frozenset(RAW_STATS)
 
     def __call__(self, stats: LayerStats) -> torch.Tensor:
-        return self.fn(stats)
+        shape = next(tuple(v.shape) for v in (getattr(stats, n) for n in sorted(self.needs)) if v is not None)
+        try:
+            out = self.fn(stats)
+        except Exception as e:
+            raise ValueError(f"score {self.name!r} ({self._where()}) failed: {type(e).__name__}: {e}") from e
+        # A plugin's wrong shape would broadcast silently; all-NaN would pass no threshold and zero nothing.
+        if not isinstance(out, torch.Tensor) or tuple(out.shape) != shape:
+            got = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
+            raise ValueError(
+                f"score {self.name!r} ({self._where()}) returned {got}; it must return a tensor [batch, n_heads] "
+                f"= {shape}, one value per head of each row"
+            )
+        if out.numel() and bool(torch.isnan(out).all()):
+            raise ValueError(f"score {self.name!r} ({self._where()}) returned only NaN; check its arithmetic")
+        return out
+
+    def _where(self) -> str:
+        code = getattr(self.fn, "__code__", None)
+        return f"{code.co_filename}:{code.co_firstlineno}" if code is not None else repr(self.fn)
 
     def passes(self, score: torch.Tensor, threshold: float) -> torch.Tensor:
         """Boolean mask of heads that are inactive (to be zeroed) at ``threshold``."""

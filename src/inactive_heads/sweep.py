@@ -23,7 +23,7 @@ from .report import CELL_FIELDS
 from .scores import SCORE_FUNCTIONS, HeadScores
 from .store import ResultStore, atomic_write_json, cell_key
 from .tasks import Task, get_task
-from .thresholds import DEFAULT_TARGETS, thresholds_for
+from .thresholds import DEFAULT_TARGETS, check_targets, thresholds_for
 
 __all__ = ["calibrate", "model_identity", "sweep"]
 
@@ -153,11 +153,14 @@ def calibrate(
         "n_layers": n_layers,
         "n_heads": n_heads,
     }
+    cal_task = task_obj if calibration_task is None else _task(calibration_task, eval_kwargs)
+    cal_limit = limit if calibration_limit is None else calibration_limit
+    # Refuse bad settings before run.json exists: a rejected command must not claim the run directory.
+    evaluation.check_request(task_obj, shots, limit, seed)
+    evaluation.check_request(cal_task, shots, cal_limit, seed)
     _write_run(run_dir, run)
     scores_path = run_dir / "calibration" / "scores.safetensors"
     meta_path = run_dir / "calibration" / "meta.json"
-    cal_task = task_obj if calibration_task is None else _task(calibration_task, eval_kwargs)
-    cal_limit = limit if calibration_limit is None else calibration_limit
     if scores_path.is_file() and meta_path.is_file():
         old = json.loads(meta_path.read_text(encoding="utf-8"))
         wanted = {"task": cal_task.name, "task_items": _task_fingerprint(cal_task), "limit": cal_limit, "seed": seed}
@@ -227,6 +230,7 @@ def sweep(
     unknown = [n for n in names if n not in SCORE_FUNCTIONS]
     if unknown:
         raise ValueError(f"scores {unknown} are not registered; registered: {', '.join(SCORE_FUNCTIONS)}")
+    ps = check_targets(targets)  # before calibrate writes anything
     run_dir = Path(run_dir)
     task_obj = _task(task, eval_kwargs)
     shots = task_obj.default_shots if shots is None else shots
@@ -249,7 +253,6 @@ def sweep(
         except KeyError as e:
             raise ValueError(f"{e.args[0]}; calibrate again in a new run directory") from None
         cal.save(run_dir / "calibration" / "scores.safetensors")
-    ps = [float(p) for p in targets]
     thresholds = thresholds_for(cal, ps, names)
     base_fields = {k: run[k] for k in ("task", "shots", "limit", "seed", "package_version")}
     base_fields["model"] = run["model"]["identity"]

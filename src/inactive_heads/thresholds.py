@@ -39,14 +39,19 @@ def _as_float32(scores: torch.Tensor | np.ndarray | Sequence[float]) -> np.ndarr
     return np.asarray(scores, dtype=np.float32).reshape(-1)
 
 
-def _check(inactive_when: str, targets: Iterable[float]) -> list[float]:
-    if inactive_when not in ("above", "below"):
-        raise ValueError(f"inactive_when must be 'above' or 'below', got {inactive_when!r}")
+def check_targets(targets: Iterable[float]) -> list[float]:
+    """``targets`` as floats; ValueError unless every one is a fraction of heads in [0, 1]."""
     ps = [float(p) for p in targets]
     bad = [p for p in ps if not 0.0 <= p <= 1.0]
     if bad:
         raise ValueError(f"target fractions must lie in [0, 1], got {bad}")
     return ps
+
+
+def _check(inactive_when: str, targets: Iterable[float]) -> list[float]:
+    if inactive_when not in ("above", "below"):
+        raise ValueError(f"inactive_when must be 'above' or 'below', got {inactive_when!r}")
+    return check_targets(targets)
 
 
 def _below(values: np.ndarray, n_total: int, ps: list[float]) -> list[float]:

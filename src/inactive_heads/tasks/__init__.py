@@ -176,7 +176,10 @@ class TaskSpec:
     def load(self, data_dir: str | Path | None = None, source: str = "files") -> Task:
         if source not in self.sources:
             raise DataError(f"task {self.name!r} has no source {source!r}; available: {', '.join(self.sources)}")
-        return self.fn(None if data_dir is None else Path(data_dir), source)
+        task = self.fn(None if data_dir is None else Path(data_dir), source)
+        if not task.items:
+            raise DataError(f"task {self.name!r} loaded no items from {', '.join(task.sources) or source}")
+        return task
 
 
 #: name -> TaskSpec of every registered task.

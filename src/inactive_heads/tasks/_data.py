@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import bz2
 import csv
 import importlib.util
+import io
 import json
 import os
 from collections.abc import Callable, Iterator, Mapping
@@ -44,44 +46,65 @@ def require(path: Path, what: str) -> Path:
     return path
 
 
+def read_text(path: Path) -> str:
+    """The text of a UTF-8 file (``.bz2`` de-compressed), universal newlines; a DataError names a non-UTF-8 line."""
+    try:
+        data = bz2.decompress(path.read_bytes()) if path.suffix == ".bz2" else path.read_bytes()
+    except (OSError, EOFError, ValueError) as e:
+        raise DataError(f"cannot read {path}: {e}; restore the original file") from None
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = data.count(b"\n", 0, e.start) + 1
+        raise DataError(
+            f"{path}, line {line}: not UTF-8 text (byte {data[e.start]:#04x}); the file must be UTF-8 encoded, "
+            "as the original benchmark files are"
+        ) from None
+    return text.replace("\r\n", "\n").replace("\r", "\n")
+
+
+def _not_empty(rows: list[Any], path: Path) -> list[Any]:
+    # An empty file would silently evaluate nothing (or drop an MMLU subject) and still print an accuracy.
+    if not rows:
+        raise DataError(f"{path} holds no rows; restore the original benchmark file (see the data folder's SOURCE.md)")
+    return rows
+
+
 def read_jsonl(path: Path) -> list[dict[str, Any]]:
     """Rows of a JSON-lines file (blank lines skipped); row numbers in errors are 1-based line numbers."""
     rows = []
-    with open(path, encoding="utf-8") as f:
-        for lineno, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise DataError(f"{path}, line {lineno}: not valid JSON ({e.msg}); the file must be JSON lines") from e
-            if not isinstance(row, dict):
-                raise DataError(f"{path}, line {lineno}: expected a JSON object, got {type(row).__name__}")
-            row["_line"] = lineno
-            rows.append(row)
-    return rows
+    for lineno, line in enumerate(read_text(path).split("\n"), 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise DataError(f"{path}, line {lineno}: not valid JSON ({e.msg}); the file must be JSON lines") from e
+        if not isinstance(row, dict):
+            raise DataError(f"{path}, line {lineno}: expected a JSON object, got {type(row).__name__}")
+        row["_line"] = lineno
+        rows.append(row)
+    return _not_empty(rows, path)
 
 
 def read_lines(path: Path) -> list[str]:
     """Non-empty stripped lines of a text file (e.g. a ``*-labels.lst``)."""
-    with open(path, encoding="utf-8") as f:
-        return [line.strip() for line in f if line.strip()]
+    return _not_empty([line.strip() for line in read_text(path).split("\n") if line.strip()], path)
 
 
 def read_csv(path: Path, n_fields: int) -> list[tuple[int, list[str]]]:
     """(record number, fields) of a header-less CSV whose every record must have ``n_fields`` fields."""
     out = []
-    with open(path, encoding="utf-8", newline="") as f:
-        for recno, rec in enumerate(csv.reader(f), 1):
-            if not rec:
-                continue
-            if len(rec) != n_fields:
-                raise DataError(
-                    f"{path}, record {recno}: {len(rec)} fields, expected {n_fields}; the file must be the original "
-                    "header-less CSV parsed with quoting (fields may contain commas and newlines)"
-                )
-            out.append((recno, rec))
-    return out
+    for recno, rec in enumerate(csv.reader(io.StringIO(read_text(path), newline="")), 1):
+        if not rec:
+            continue
+        if len(rec) != n_fields:
+            raise DataError(
+                f"{path}, record {recno}: {len(rec)} fields, expected {n_fields}; the file must be the original "
+                "header-less CSV parsed with quoting (fields may contain commas and newlines)"
+            )
+        out.append((recno, rec))
+    return _not_empty(out, path)
 
 
 def field(row: Mapping[str, Any], key: str, path: Path | str, where: str, kind: type | tuple[type, ...] = str) -> Any:

@@ -8,12 +8,11 @@ differ slightly from lm-eval's. No train split offline: few-shot examples come f
 
 from __future__ import annotations
 
-import bz2
 import re
 from pathlib import Path
 
 from . import Item, Task, register_task
-from ._data import DataError, convert, field, hub_rows, read_jsonl, resolve_dir
+from ._data import DataError, convert, field, hub_rows, read_jsonl, read_text, resolve_dir
 
 __all__: list[str] = []
 
@@ -37,8 +36,7 @@ def _official(row: dict, item_id: str, where: str) -> Item:
 
 
 def _derived(path: Path) -> list[Item]:
-    with bz2.open(path, "rt", encoding="utf-8") as f:
-        lines = f.read().split("\n")
+    lines = read_text(path).split("\n")
     if lines and lines[-1] == "":
         lines.pop()
     if len(lines) % 6:
