@@ -10,11 +10,13 @@ float32 ``[batch, n_heads]`` tensor) to a ``[batch, n_heads]`` score. Adding one
 
 from __future__ import annotations
 
+import hashlib
+import inspect
 import json
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 from safetensors.torch import load_file
@@ -81,6 +83,21 @@ class ScoreSpec:
             raise ValueError(f"score {self.name!r} ({self._where()}) returned only NaN; check its arithmetic")
         return out
 
+    @property
+    def fingerprint(self) -> str:
+        """sha256 (16 hex digits) of the definition: label, side, needs, and the function's source with the values
+        it closes over (its bytecode where no source exists). Cached results are keyed on it, not on the name, so
+        a score re-registered under an old name with another definition is never served the old results."""
+        fn = self.fn
+        try:
+            body = inspect.getsource(fn)
+        except (OSError, TypeError):
+            code = getattr(fn, "__code__", None)
+            body = repr((code.co_code, code.co_consts, code.co_names)) if code is not None else repr(fn)
+        cells = [repr(c.cell_contents) for c in (getattr(fn, "__closure__", None) or ()) if _filled(c)]
+        text = json.dumps([self.label, self.inactive_when, sorted(self.needs), body, cells])
+        return hashlib.sha256(text.encode()).hexdigest()[:16]
+
     def _where(self) -> str:
         code = getattr(self.fn, "__code__", None)
         return f"{code.co_filename}:{code.co_firstlineno}" if code is not None else repr(self.fn)
@@ -112,6 +129,14 @@ def register_score(
         return fn
 
     return decorate
+
+
+def _filled(cell: Any) -> bool:
+    try:
+        _ = cell.cell_contents
+    except ValueError:  # an empty cell: a closure variable not yet assigned
+        return False
+    return True
 
 
 def _layer_norm(x: torch.Tensor, ref: torch.Tensor | None = None) -> torch.Tensor:

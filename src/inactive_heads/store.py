@@ -9,6 +9,7 @@ mid-write leaves at most a stray ``.*.tmp`` file, which the store ignores.
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import json
 import math
@@ -19,6 +20,11 @@ from pathlib import Path
 from typing import Any
 
 __all__ = ["ResultStore", "atomic_write_bytes", "atomic_write_json", "atomic_write_text", "canonical_json", "cell_key"]
+
+try:
+    import fcntl
+except ImportError:  # pragma: no cover - Windows
+    fcntl = None  # type: ignore[assignment]
 
 _TMP_SUFFIX = ".tmp"
 
@@ -159,6 +165,33 @@ class ResultStore:
         if missing:
             raise ValueError(f"cell {key!r} lacks required fields {missing}")
         atomic_write_json(self.path(key), dict(value))
+
+    @contextlib.contextmanager
+    def claim(self, key: str, *, wait: bool = False) -> Iterator[bool]:
+        """Hold the exclusive right to compute ``key`` for the block; yields False if another process holds it.
+
+        The right is an advisory ``flock`` on ``.<key>.lock`` beside the cell, so a process that dies (SIGKILL, a
+        lost node) releases it with its file descriptors, and no lock is ever stale. ``wait=True`` blocks until the
+        holder is done. Compute only when the block gets True and the cell is still missing (``has`` again: the
+        holder may have just finished it). Without ``fcntl`` (Windows) every claim succeeds.
+        """
+        self.path(key)  # validates the key
+        if fcntl is None:
+            yield True
+            return
+        self.root.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.root / f".{key}.lock", os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
+            except OSError as e:
+                if e.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+                    raise
+                yield False
+                return
+            yield True
+        finally:
+            os.close(fd)  # releases the lock
 
     def keys(self) -> list[str]:
         """Keys of complete cells, sorted."""
