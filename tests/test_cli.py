@@ -63,6 +63,10 @@ def _main(argv: list[str]) -> str:
     return out.getvalue()
 
 
+def _sweep(model: str, run: Path) -> list[str]:
+    return ["sweep", "--model", model, *_RUN, "--run-dir", str(run), "--targets", "0.1,0.3"]
+
+
 @pytest.fixture(scope="module")
 def swept(model_dirs, tmp_path_factory) -> SimpleNamespace:
     """One run directory: calibrated, then swept over 3 scores x 2 targets (read-only for the tests)."""
@@ -71,10 +75,6 @@ def swept(model_dirs, tmp_path_factory) -> SimpleNamespace:
     calibration = HeadScores.load(run / "calibration" / "scores.safetensors")
     printed = _main([*_sweep(model_dirs[0], run), "--scores", "ahon_ln,awft,random"])
     return SimpleNamespace(dir=run, calibration=calibration, printed=printed)
-
-
-def _sweep(model: str, run: Path) -> list[str]:
-    return ["sweep", "--model", model, *_RUN, "--run-dir", str(run), "--targets", "0.1,0.3"]
 
 
 def test_calibrate_records_every_score_for_every_row(swept):
