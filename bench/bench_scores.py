@@ -5,7 +5,11 @@ Times are measured in one process, the four methods interleaved, median of repea
 fresh subprocess per method (the allocator keeps freed pages, so in-process numbers would depend on order): the
 peak resident set during the forward minus the resident set just before it.
 
-    python bench/bench_scores.py [--models tiny smollm2] [--lengths 128 512 2048] [--out bench/RESULTS_scores.md]
+Each measured (model, S) updates its rows of the ``bench_scores`` table (overhead against a plain forward: needs the
+methods sdpa, record, record_fwd and zeroing) and of ``bench_scores_published`` (the published approach against
+record_fwd) in ``bench/RESULTS.md``.
+
+    python bench/bench_scores.py [--models tiny smollm2] [--lengths 128 512 2048] [--methods ...] [--repeats N]
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ import time
 from pathlib import Path
 
 import torch
+from _results import RESULTS, update_table  # bench/ is the script's directory, first on sys.path
 from transformers import AttentionInterface
 from transformers.masking_utils import AttentionMaskInterface, eager_mask
 
@@ -172,7 +177,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--models", nargs="+", default=["tiny", "smollm2"])
     parser.add_argument("--lengths", nargs="+", type=int, default=[128, 512, 2048])
-    parser.add_argument("--out", type=Path, default=ROOT / "bench" / "RESULTS_scores.md")
+    parser.add_argument("--results", type=Path, default=RESULTS, help="the results file whose sections to update")
     parser.add_argument("--methods", nargs="+", default=list(METHODS), choices=METHODS)
     parser.add_argument("--repeats", type=int, default=None, help="timed repeats (default: 1 to 5 by size)")
     parser.add_argument("--child", nargs=3, help=argparse.SUPPRESS)
@@ -180,47 +185,49 @@ def main() -> None:
     if args.child:
         _child(args.child[0], int(args.child[1]), args.child[2])
         return
-    rows = []
+    methods = tuple(args.methods)
     for model_name in args.models:
         model = _load(model_name)
         for length in args.lengths:
             big = model_name != "tiny" and length >= 2048
             repeats = args.repeats or (1 if big else (2 if model_name != "tiny" else 5))
-            methods = tuple(args.methods)
             times = _times(model, length, repeats, methods)
             mem = {m: _memory(model_name, length, m) for m in methods}
-            rows.append((model_name, length, times, mem))
             print(model_name, length, {m: round(t, 3) for m, t in times.items()}, {m: round(v) for m, v in mem.items()})
-    _write(args.out, rows)
+            _record(args.results, [model_name, str(length), str(repeats)], times, mem)  # at once: interruptions keep it
 
 
-def _write(path: Path, rows) -> None:
-    lines = [
-        "| model | S | SDPA s | record s | record+logits s | zeroing s | published s | record/SDPA "
-        "| record+logits/SDPA | zeroing/SDPA | published/record+logits | SDPA MB | record MB | record+logits MB "
-        "| zeroing MB | published MB | record/SDPA mem | record+logits/SDPA mem |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
-    ]
+#: The two tables this script writes, the methods each needs and its columns after (model, S, repeats).
+OVERHEAD_METHODS = ("sdpa", "record", "record_fwd", "zeroing")
+OVERHEAD_HEADER = (
+    "model", "S", "repeats", "SDPA s", "record s", "record+logits s", "zeroing s", "record/SDPA",
+    "record+logits/SDPA", "zeroing/SDPA", "SDPA MB", "record MB", "record+logits MB", "zeroing MB",
+    "record/SDPA mem", "record+logits/SDPA mem",
+)  # fmt: skip
+PUBLISHED_METHODS = ("record_fwd", "published")
+PUBLISHED_HEADER = (
+    "model", "S", "repeats", "record+logits s", "published s", "published/record+logits", "record+logits MB",
+    "published MB",
+)  # fmt: skip
 
-    def cell(d: dict, a: str, fmt: str, b: str | None = None) -> str:
-        if a not in d or (b is not None and b not in d):
-            return "–"
-        return format(d[a] / max(d[b], 1e-9) if b else d[a], fmt)
 
-    for model_name, length, t, m in rows:
-        cells = [cell(t, x, ".3f") for x in METHODS]
-        cells += [cell(t, "record", ".2f", "sdpa"), cell(t, "record_fwd", ".2f", "sdpa")]
-        cells += [cell(t, "zeroing", ".2f", "sdpa"), cell(t, "published", ".1f", "record_fwd")]
-        cells += [cell(m, x, ".0f") for x in METHODS]
-        cells += [cell(m, "record", ".2f", "sdpa"), cell(m, "record_fwd", ".2f", "sdpa")]
-        lines.append(f"| {model_name} | {length} | " + " | ".join(cells) + " |")
-    header = (
-        f"Batch 1, float32, {torch.get_num_threads()} CPU threads, torch {torch.__version__}. Times: median in one "
-        "process; memory: peak extra RSS during the forward, fresh process per method. record = "
-        "`ih.record_scores` (no logits); record+logits = `ih.watch(record=True)` around a full forward.\n\n"
-    )
-    path.write_text(header + "\n".join(lines) + "\n")
-    print(f"wrote {path}")
+def _record(path: Path, key: list[str], t: dict[str, float], m: dict[str, float]) -> None:
+    """Update the rows of ``key`` in this script's sections of ``path``: each table whose methods all ran."""
+
+    def ratio(d: dict[str, float], a: str, b: str, fmt: str) -> str:
+        return format(d[a] / max(d[b], 1e-9), fmt)
+
+    if all(x in t for x in OVERHEAD_METHODS):
+        cells = [format(t[x], ".3f") for x in OVERHEAD_METHODS]
+        cells += [ratio(t, x, "sdpa", ".2f") for x in ("record", "record_fwd", "zeroing")]
+        cells += [format(m[x], ".0f") for x in OVERHEAD_METHODS]
+        cells += [ratio(m, x, "sdpa", ".2f") for x in ("record", "record_fwd")]
+        update_table("bench_scores", OVERHEAD_HEADER, [key + cells], key=2, path=path)
+    if all(x in t for x in PUBLISHED_METHODS):
+        cells = [format(t["record_fwd"], ".3f"), format(t["published"], ".3f")]
+        cells += [ratio(t, "published", "record_fwd", ".1f"), format(m["record_fwd"], ".0f")]
+        cells += [format(m["published"], ".0f")]
+        update_table("bench_scores_published", PUBLISHED_HEADER, [key + cells], key=2, path=path)
 
 
 if __name__ == "__main__":

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import re
+import shutil
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -51,66 +55,104 @@ def _table2_from_markdown(md: str) -> dict[str, tuple[float, float]]:
     return {name: (float(pct), float(auc)) for name, pct, auc in rows}
 
 
-def test_calibrate_sweep_report_compare_chain(model_dirs, tmp_path, monkeypatch, capsys, no_plugin_scores):
-    run, other, out = tmp_path / "run", tmp_path / "other", tmp_path / "report"
-    assert main(["calibrate", "--model", model_dirs[0], *_RUN, "--run-dir", str(run)]) == 0
-    cal = HeadScores.load(run / "calibration" / "scores.safetensors")
+def _main(argv: list[str]) -> str:
+    """Run the command, assert it succeeded, and return what it printed."""
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        assert main(argv) == 0
+    return out.getvalue()
+
+
+def _sweep(model: str, run: Path) -> list[str]:
+    return ["sweep", "--model", model, *_RUN, "--run-dir", str(run), "--targets", "0.1,0.3"]
+
+
+@pytest.fixture(scope="module")
+def swept(model_dirs, tmp_path_factory) -> SimpleNamespace:
+    """One run directory: calibrated, then swept over 3 scores x 2 targets (read-only for the tests)."""
+    run = tmp_path_factory.mktemp("cli") / "run"
+    _main(["calibrate", "--model", model_dirs[0], *_RUN, "--run-dir", str(run)])
+    calibration = HeadScores.load(run / "calibration" / "scores.safetensors")
+    printed = _main([*_sweep(model_dirs[0], run), "--scores", "ahon_ln,awft,random"])
+    return SimpleNamespace(dir=run, calibration=calibration, printed=printed)
+
+
+def test_calibrate_records_every_score_for_every_row(swept):
+    cal = swept.calibration
     assert set(cal.names) == set(SCORE_FUNCTIONS) and cal.shape[1:] == (3, 4)
-    meta = json.loads((run / "calibration" / "meta.json").read_text())
+    meta = json.loads((swept.dir / "calibration" / "meta.json").read_text())
     assert meta["task"] == "recall" and meta["n_items"] == 12 and meta["rows"] == cal.shape[0]
 
-    sweep = ["sweep", "--model", model_dirs[0], *_RUN, "--run-dir", str(run), "--targets", "0.1,0.3"]
-    assert main([*sweep, "--scores", "ahon_ln,awft,random"]) == 0
-    cells = _cells(run)
-    assert len(cells) == 1 + 3 * 2
+
+def test_sweep_stores_the_baseline_and_every_score_target_cell(swept):
+    cells = _cells(swept.dir)
+    assert sorted((c["score"] or "", c.get("target") or 0.0) for c in cells) == [("", 0.0)] + [
+        (s, p) for s in ("ahon_ln", "awft", "random") for p in (0.1, 0.3)
+    ]
     baseline = next(c for c in cells if c["score"] is None)
     assert baseline["fraction_zeroed"] == 0.0 and len(baseline["per_item"]["pred"]) == 12
+    assert f"baseline accuracy {100 * baseline['accuracy']:.2f}%" in swept.printed
     for c in cells:
         if c["score"] is not None:
             assert 0.0 < c["fraction_zeroed"] < 0.6, c  # the threshold zeroes roughly its target share
-    out_text = capsys.readouterr().out
-    assert f"baseline accuracy {100 * baseline['accuracy']:.2f}%" in out_text
 
-    # Rerun, plus a score registered by a plugin: only the new score's cells run, derived from the calibration.
+
+def test_plugin_score_runs_only_its_cells_from_the_recorded_calibration(
+    swept, model_dirs, tmp_path, monkeypatch, no_plugin_scores
+):
+    run = tmp_path / "run"
+    shutil.copytree(swept.dir, run)
     plugin = tmp_path / "my_scores.py"
     plugin.write_text(_PLUGIN)
     calls = []
     real = evaluation.evaluate
     monkeypatch.setattr(evaluation, "evaluate", lambda *a, **k: calls.append(k) or real(*a, **k))
-    assert main([*sweep, "--plugin", str(plugin), "--scores", "ahon_ln,awft,random,ahon_sq"]) == 0
+    sweep = [*_sweep(model_dirs[0], run), "--plugin", str(plugin), "--scores", "ahon_ln,awft,random,ahon_sq"]
+    _main(sweep)
+    # Two targets of the new score, no calibration forward: its values derive from the recorded statistics.
     assert len(calls) == 2 and all(k["policy"].score == "ahon_sq" and not k.get("record") for k in calls)
     derived = HeadScores.load(run / "calibration" / "scores.safetensors")
-    torch.testing.assert_close(derived["ahon_sq"], cal["ahon"] ** 2)
+    torch.testing.assert_close(derived["ahon_sq"], swept.calibration["ahon"] ** 2)
     calls.clear()
-    assert main([*sweep, "--plugin", str(plugin), "--scores", "ahon_ln,awft,random,ahon_sq"]) == 0
+    _main(sweep)
     assert calls == []
 
-    capsys.readouterr()
-    assert main(["report", str(run), "-o", str(out)]) == 0
-    assert str((out / "report.html").resolve()) in capsys.readouterr().out
-    md = (out / "report.md").read_text()
-    html = (out / "report.html").read_text()
-    assert f"baseline accuracy {100 * baseline['accuracy']:.2f}%" in md
-    # Every Table-2 number in the report is the one computed from the stored cells.
-    cells = _cells(run)
-    table = _table2_from_markdown(md)
-    assert set(table) == {"ahon_ln", "awft", "random", "ahon_sq"}
-    base = (0.0, baseline["accuracy"])  # every curve starts at the baseline
+
+@pytest.fixture(scope="module")
+def report(swept, tmp_path_factory) -> SimpleNamespace:
+    out = tmp_path_factory.mktemp("report")
+    printed = _main(["report", str(swept.dir), "-o", str(out)])
+    return SimpleNamespace(dir=out, printed=printed, md=(out / "report.md").read_text())
+
+
+def test_report_table2_is_computed_from_the_stored_cells(swept, report):
+    cells = _cells(swept.dir)
+    baseline = next(c["accuracy"] for c in cells if c["score"] is None)
+    assert f"baseline accuracy {100 * baseline:.2f}%" in report.md
+    table = _table2_from_markdown(report.md)
+    assert set(table) == {"ahon_ln", "awft", "random"}
+    base = (0.0, baseline)  # every curve starts at the baseline
     curves = {s: [base] + [(c["fraction_zeroed"], c["accuracy"]) for c in cells if c["score"] == s] for s in table}
     hi = min(max(x for x, _ in pts) for pts in curves.values())
     for s, (pct, auc) in table.items():
-        assert pct == pytest.approx(100 * analysis.max_zeroed_within(curves[s], baseline["accuracy"]), abs=0.051)
-        assert auc == pytest.approx(analysis.normalized_auc(curves[s], baseline["accuracy"], hi), abs=5e-4)
-    images = re.findall(r"!\[[^]]*\]\(([^)]+\.png)\)", md)
-    assert images and all((out / name).is_file() for name in images)
+        assert pct == pytest.approx(100 * analysis.max_zeroed_within(curves[s], baseline), abs=0.051)
+        assert auc == pytest.approx(analysis.normalized_auc(curves[s], baseline, hi), abs=5e-4)
+
+
+def test_report_prints_its_path_and_embeds_every_figure(report):
+    assert str((report.dir / "report.html").resolve()) in report.printed
+    images = re.findall(r"!\[[^]]*\]\(([^)]+\.png)\)", report.md)
+    assert images and all((report.dir / name).is_file() for name in images)
+    html = (report.dir / "report.html").read_text()
     assert html.count('src="data:image/png;base64,') == len(images) and "<table" in html
 
-    assert main(["calibrate", "--model", model_dirs[1], *_RUN, "--run-dir", str(other)]) == 0
-    capsys.readouterr()
-    assert main(["compare", str(run), str(other), "-o", str(tmp_path)]) == 0
-    printed = capsys.readouterr().out
+
+def test_compare_prints_w1_between_two_models_calibration_scores(swept, model_dirs, tmp_path):
+    other = tmp_path / "other"
+    _main(["calibrate", "--model", model_dirs[1], *_RUN, "--run-dir", str(other)])
+    printed = _main(["compare", str(swept.dir), str(other), "-o", str(tmp_path)])
     b = HeadScores.load(other / "calibration" / "scores.safetensors")
-    w1 = analysis.wasserstein1(derived["ahon_ln"], b["ahon_ln"])
+    w1 = analysis.wasserstein1(swept.calibration["ahon_ln"], b["ahon_ln"])
     row = re.search(r"^\| ahon_ln \| ([^ ]+) \|", printed, flags=re.M)
     assert row and float(row.group(1)) == pytest.approx(w1, rel=1e-3)
     assert list(tmp_path.glob("compare_*.png"))

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import math
-from pathlib import Path
 
 import pytest
 import torch
@@ -16,9 +15,6 @@ from inactive_heads.engine import Policy, record_scores, watch
 from inactive_heads.evaluation import EvalResult, _fill_rows, evaluate
 from inactive_heads.tasks import Item, Task
 from inactive_heads.tasks.recall import recall_task
-
-DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
-needs_data = pytest.mark.skipif(not DATA.is_dir(), reason="../shared/data not present")
 
 
 @pytest.fixture(scope="module")
@@ -184,8 +180,10 @@ def test_static_mask_zeroes_exactly_the_masked_heads(model, tok):
     mask[1] = True
     mask[2, 0] = True
     r = evaluate(model, tok, _mc_task(), shots=2, policy=Policy(mask=mask))
-    assert r.zeroed_per_layer == [0.0, 1.0, 0.25]
-    assert r.zeroed_per_head[2] == [1.0, 0.0, 0.0, 0.0] and math.isclose(r.zeroed_fraction, 5 / 12, rel_tol=1e-6)
+    assert all(torch.equal(z, mask) for z in r.zeroed)  # every recorded row zeroed exactly the mask
+    assert r.zeroed_per_head == mask.float().tolist()
+    assert r.zeroed_per_layer == mask.float().mean(1).tolist()
+    assert math.isclose(r.zeroed_fraction, 5 / 12, rel_tol=1e-6)
 
 
 def test_recorded_rows_are_stable_and_match_standalone_recording(model, tok):
@@ -228,18 +226,23 @@ def test_single_token_shared_row_equals_per_choice_rows(model, tok):
     assert _close(shared.loglikelihoods, naive, 2e-4)
 
 
-@needs_data
-def test_limit_and_real_task_files(model, tok):
-    r = evaluate(model, tok, "piqa", limit=6, data_dir=DATA, batch_size=4)
-    assert r.n_items == 6 and r.item_ids == evaluate(model, tok, "piqa", limit=6, data_dir=DATA).item_ids
+def test_limit_and_real_task_files(model, tok, data_dir):
+    r = evaluate(model, tok, "piqa", limit=6, data_dir=data_dir, batch_size=4)
+    assert r.n_items == 6 and r.item_ids == evaluate(model, tok, "piqa", limit=6, data_dir=data_dir).item_ids
     assert set(r.metrics) == {"acc", "acc_norm"} and r.config["sources"][0].endswith("valid.jsonl")
-    w = evaluate(model, tok, "winogrande", limit=4, data_dir=DATA, policy=Policy(score="random", threshold=0.3))
+    w = evaluate(model, tok, "winogrande", limit=4, data_dir=data_dir, policy=Policy(score="random", threshold=0.3))
     assert all(len(x) == 2 for x in w.loglikelihoods) and 0.1 < w.zeroed_fraction < 0.5
 
 
-def test_recall_task_and_arguments(model, tok):
-    r = evaluate(model, tok, recall_task(12, seed=1), batch_size=5)
-    assert r.n_items == 12 and all(len(x) == 4 for x in r.loglikelihoods)
+def test_recall_task_scores_every_item_and_choice(model, tok):
+    task = recall_task(12, seed=1)
+    r = evaluate(model, tok, task, batch_size=5)
+    assert r.item_ids == [it.id for it in task.items]
+    assert [len(x) for x in r.loglikelihoods] == [it.n_choices for it in task.items]
+    assert all(math.isfinite(ll) and ll < 0 for x in r.loglikelihoods for ll in x)
+
+
+def test_bad_arguments_are_refused(model, tok):
     with pytest.raises(ValueError, match="share_prefix"):
         evaluate(model, tok, recall_task(2), share_prefix=True, record=True)
     with pytest.raises(ValueError, match="batch_size"):

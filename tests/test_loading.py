@@ -7,11 +7,12 @@ import time
 import pytest
 import torch
 import transformers
-from _real import smollm2_gguf
 from _reference import reference_run
 
 import inactive_heads as ih
 from inactive_heads.loading import load_model
+
+_TEXTS = ["The capital of France is Paris.", "def add(a, b):\n    return a + b"]
 
 
 def test_missing_path_is_named(tmp_path):
@@ -39,36 +40,53 @@ def test_not_a_causal_lm_is_named(tmp_path):
 
 
 @pytest.mark.slow
-def test_smollm2_gguf_cached_and_scores_match_reference():
-    """The real SmolLM2-135M: second load is fast, scores equal the float64 reference, zeroing is dynamic."""
-    path = smollm2_gguf()
-    model, tokenizer = load_model(path)  # may de-quantise (30-100 s) on a fresh cache
+def test_smollm2_gguf_second_load_reads_the_cache(smollm2, smollm2_gguf):
+    """Once de-quantised (by the ``smollm2`` fixture), the GGUF loads from its safetensors cache in seconds."""
     start = time.perf_counter()
-    model, tokenizer = load_model(path)
+    model, _ = load_model(smollm2_gguf)
     assert time.perf_counter() - start < 20
-    assert model.inactive_heads_source["format"] == "gguf" and len(model.inactive_heads_source["sha256"]) == 64
+    source = model.inactive_heads_source
+    assert source["format"] == "gguf" and len(source["sha256"]) == 64
+    assert source == smollm2[0].inactive_heads_source
 
-    texts = ["The capital of France is Paris.", "def add(a, b):\n    return a + b"]
-    ours = ih.record_scores(model, tokenizer, texts, batch_size=2)
+
+@pytest.mark.slow
+def test_smollm2_scores_match_reference(smollm2):
+    model, tokenizer = smollm2
+    ours = ih.record_scores(model, tokenizer, _TEXTS, batch_size=2)
     assert ours.shape == (2, 30, 9)
-    for row, text in enumerate(texts):
+    for row, text in enumerate(_TEXTS):
         ref, _, _ = reference_run(model, tokenizer, text)
         for name, expected in ref.items():
             torch.testing.assert_close(ours[name][row].double(), expected, rtol=1e-4, atol=1e-5, msg=name)
 
-    # Real heads differ: some are far below their layer's mean output norm, and per-row decisions differ by input.
-    threshold = float(ours["ahon_ln"].quantile(0.1))
-    batch = tokenizer(texts, return_tensors="pt", padding=True)
+
+@pytest.mark.slow
+def test_smollm2_dynamic_zeroing_decides_per_row_as_the_reference(smollm2):
+    """Real heads differ: some are far below their layer's mean output norm, and per-row decisions differ by input."""
+    model, tokenizer = smollm2
+    threshold = float(ih.record_scores(model, tokenizer, _TEXTS, batch_size=2)["ahon_ln"].quantile(0.1))
+    batch = tokenizer(_TEXTS, return_tensors="pt", padding=True)
     with torch.no_grad(), ih.zero_heads(model, score="ahon_ln", threshold=threshold) as run:
         model(**batch)
     assert 0.02 < run.fraction_zeroed < 0.25
     assert not torch.equal(run.zeroed[0], run.zeroed[1])
-    ids = torch.tensor([tokenizer(texts[0])["input_ids"]])
+    ids = torch.tensor([tokenizer(_TEXTS[0])["input_ids"]])
     with torch.no_grad(), ih.zero_heads(model, score="ahon_ln", threshold=threshold) as alone:
         logits = model(input_ids=ids).logits[0]
-    _, ref_logits, ref_zeroed = reference_run(model, tokenizer, texts[0], policy=("ahon_ln", threshold))
+    _, ref_logits, ref_zeroed = reference_run(model, tokenizer, _TEXTS[0], policy=("ahon_ln", threshold))
     assert torch.equal(alone.zeroed[0], ref_zeroed)
     torch.testing.assert_close(logits.double(), ref_logits, rtol=1e-3, atol=1e-3)
+
+
+@pytest.mark.slow
+def test_smollm2_generation_zeroes_heads_at_every_step(smollm2):
+    model, tokenizer = smollm2
+    threshold = float(ih.record_scores(model, tokenizer, _TEXTS, batch_size=2)["ahon_ln"].quantile(0.1))
+    prompt = tokenizer(["The capital of France is"], return_tensors="pt")
     with ih.zero_heads(model, score="ahon_ln", threshold=threshold) as run:
-        out = model.generate(**tokenizer(["The capital of France is"], return_tensors="pt"), max_new_tokens=3)
-    assert out.shape[1] > 3 and run.zeroed.shape[1:] == (30, 9)
+        out = model.generate(**prompt, min_new_tokens=3, max_new_tokens=3, do_sample=False)
+    assert out.shape[1] == prompt["input_ids"].shape[1] + 3
+    # One decision per forward (the prompt, then each generated token but the last), each zeroing some heads.
+    assert run.zeroed.shape == (3, 30, 9)
+    assert all(step.any() for step in run.zeroed)

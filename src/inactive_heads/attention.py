@@ -177,7 +177,8 @@ def attention_with_stats(
     allowed = _allowed(attention_mask, batch, q_len, kv_len)
     rows = _rows(allowed, batch, q_len, kv_len, query.device)
 
-    entropy = first_w = None
+    entropy: torch.Tensor | None = None  # both set by either branch that runs when awft or aeqd is needed
+    first_w: torch.Tensor | None = None
     if _can_fuse(query, softcap):
         out, lse, ak = _fused(
             q.contiguous(), k.contiguous(), v.contiguous(), allowed, rows.real_q, scale, "aeqd" in needs
@@ -200,8 +201,10 @@ def attention_with_stats(
 
     stats = LayerStats()
     if "awft" in needs:
+        assert first_w is not None
         stats.awft = _masked_mean(first_w, rows.real_q, rows.n_q)
     if "aeqd" in needs:
+        assert entropy is not None
         # lse - E[logit] cancels two O(|logit|) terms: ~1e-6 noise remains where attention is one-hot (entropy 0).
         entropy = torch.where(entropy < _ENTROPY_FLOOR, 0.0, entropy)
         stats.aeqd = _masked_mean(entropy, rows.real_q, rows.n_q)

@@ -199,9 +199,9 @@ def _cmd_list(args: argparse.Namespace) -> None:
     for spec in SCORE_FUNCTIONS.values():
         print(f"  {spec.name:<12} {spec.label:<14} {spec.inactive_when}")
     print("tasks:")
-    for spec in TASKS.values():
-        if not spec.name.startswith("mmlu_"):
-            print(f"  {spec.name:<14} {spec.summary}")
+    for task in TASKS.values():
+        if not task.name.startswith("mmlu_"):
+            print(f"  {task.name:<14} {task.summary}")
     print(f"  mmlu_<subject> ({sum(n.startswith('mmlu_') for n in TASKS)} subjects)")
 
 

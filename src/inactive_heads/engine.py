@@ -19,6 +19,7 @@ import sys
 import zlib
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from typing import Any, cast
 
 import torch
 from transformers import AttentionInterface, PreTrainedModel
@@ -89,7 +90,7 @@ def _attention(
     attention_mask: torch.Tensor | None,
     scaling: float | None = None,
     dropout: float = 0.0,
-    **kwargs: object,
+    **kwargs: Any,
 ) -> tuple[torch.Tensor, None]:
     session = _SESSIONS.get(id(module))
     if kwargs.get("s_aux") is not None:
@@ -158,6 +159,7 @@ class _Session:
             if self.policy.mask is not None:
                 zero = self.policy.mask[layer].to(out.device).expand(batch, -1)
             else:
+                assert self.policy.score is not None and self.policy.threshold is not None  # see Policy
                 spec = SCORE_FUNCTIONS[self.policy.score]
                 zero = spec.passes(spec(stats), self.policy.threshold)
             # Zeroing o before the output projection; the projection's bias, if any, stays.
@@ -186,10 +188,10 @@ class _Session:
         ordered = [self._step[i] for i in range(self.n_layers)]
         batch = 0
         if self.record:
-            self._raw.append(torch.stack([raw for raw, _ in ordered], 2))
+            self._raw.append(torch.stack(cast(list[torch.Tensor], [raw for raw, _ in ordered]), 2))
             batch = self._raw[-1].shape[1]
         if self.policy is not None:
-            self._zeroed.append(torch.stack([z for _, z in ordered], 1))
+            self._zeroed.append(torch.stack(cast(list[torch.Tensor], [z for _, z in ordered]), 1))
             batch = self._zeroed[-1].shape[0]
         self.rows_seen += batch
         self._step.clear()
@@ -406,7 +408,7 @@ def zero_heads(
 @torch.no_grad()
 def record_scores(
     model: PreTrainedModel,
-    tokenizer,
+    tokenizer: Any,
     texts: Sequence[str] | Sequence[Sequence[int]],
     batch_size: int = 8,
     *,
@@ -427,7 +429,8 @@ def record_scores(
         raise ValueError("an input tokenised to zero tokens; remove empty texts")
     # Longest first, so padding is small and the first batch shows whether memory suffices.
     order = sorted(range(len(ids)), key=lambda i: -len(ids[i]))
-    device = model.get_input_embeddings().weight.device
+    # transformers types get_input_embeddings() as nn.Module, whose __getattr__ stub gives .weight as Tensor | Module.
+    device: torch.device = model.get_input_embeddings().weight.device  # type: ignore[assignment]
     # Scores need no logits: the LM head on one position instead of all (a fifth of a small model's forward).
     head = {"logits_to_keep": 1} if "logits_to_keep" in inspect.signature(model.forward).parameters else {}
     with watch(model, record=True) as w:
@@ -436,6 +439,7 @@ def record_scores(
             input_ids, attention_mask = pad_right(chunk, device=device)
             model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False, **head)
         parts = w.scores
+    assert parts is not None  # record=True
     inverse = torch.empty(len(order), dtype=torch.long)
     inverse[torch.tensor(order, dtype=torch.long)] = torch.arange(len(order))
     result = parts.select(inverse)

@@ -100,7 +100,7 @@ def _encode(tokenizer: Any, texts: list[str]) -> list[list[int]]:
     prefix = _prefix_text(tokenizer)
     out: list[list[int] | None] = [None] * len(texts)
     for special in (True, False):
-        idx = [i for i, t in enumerate(texts) if (bool(prefix) and t.startswith(prefix)) != special]
+        idx = [i for i, t in enumerate(texts) if bool(prefix and t.startswith(prefix)) != special]
         if idx:
             enc = tokenizer([texts[i] for i in idx], add_special_tokens=special)["input_ids"]
             for i, e in zip(idx, enc, strict=True):
@@ -227,7 +227,8 @@ class _Forward:
 
     def __init__(self, model: PreTrainedModel, pad_id: int):
         self.model, self.pad_id = model, pad_id
-        self.device = model.get_input_embeddings().weight.device
+        # transformers types get_input_embeddings() as nn.Module, whose __getattr__ stub gives Tensor | Module.
+        self.device: torch.device = model.get_input_embeddings().weight.device  # type: ignore[assignment]
         self.gather_ok = True
         self.tokens = 0  # token positions run through the model, padding included
         # transformers >= 5.2x calls the KV cache argument `cache`; earlier 5.x `past_key_values`.
@@ -273,6 +274,7 @@ class _Forward:
         self.tokens += ids.numel()
         kwargs: dict[str, Any] = {"input_ids": ids.to(self.device), "use_cache": past is not None}
         if past is not None:
+            assert past_mask is not None  # given with past
             mask = torch.cat([past_mask, mask], dim=1)
             pos = torch.tensor(starts)[:, None] + torch.arange(ids.shape[1])[None, :]
             kwargs.update({self.cache_kw: past, "position_ids": pos.to(self.device)})
@@ -280,7 +282,8 @@ class _Forward:
             allowed, pos = tree
             mask = allowed  # transformers passes a 4D mask through as is: bool for SDPA, additive for eager
             if self.model.config._attn_implementation == "eager":
-                dtype = self.model.get_input_embeddings().weight.dtype
+                # get_input_embeddings() is typed nn.Module: .weight is Tensor | Module to the type checker.
+                dtype: torch.dtype = self.model.get_input_embeddings().weight.dtype  # type: ignore[assignment]
                 mask = torch.zeros(allowed.shape, dtype=dtype).masked_fill_(~allowed, torch.finfo(dtype).min)
             kwargs["position_ids"] = pos.to(self.device)
         kwargs["attention_mask"] = mask.to(self.device)
@@ -386,6 +389,7 @@ def _fill_rows(lengths: list[int], batch_size: int) -> list[list[list[int]]]:
     than ``batch_size`` entries padded to that width would, with less padding."""
     free = sorted((n, i) for i, n in enumerate(lengths))  # ascending; taken from the end
     batches = []
+    rows: list[list[int]]
     while free:
         width, rows = free[-1][0], []
         while free and len(rows) < batch_size:
@@ -419,15 +423,15 @@ def _run_packed(
     """
     blocks = []  # (tokens, segment per token (-1: prefix), positions, reads: (sequence, packed positions read))
     for members, n in groups:
-        tokens, segs, pos, reads = list(seqs[members[0]].tokens[:n]), [-1] * n, list(range(n)), []
+        tokens, segs, positions, reads = list(seqs[members[0]].tokens[:n]), [-1] * n, list(range(n)), []
         for m, s in enumerate(members):
             off = len(tokens) - n  # a sequence's position p sits at p in the prefix (p < n), else at p + off
             reads.append((s, [p if p < n else p + off for p in _positions(seqs[s])]))
             suffix = seqs[s].tokens[n:]
             tokens += suffix
             segs += [m] * len(suffix)
-            pos += range(n, n + len(suffix))
-        blocks.append((tokens, segs, pos, reads))
+            positions += range(n, n + len(suffix))
+        blocks.append((tokens, segs, positions, reads))
     order: list[int] = []
     for batch in _fill_rows([len(b[0]) for b in blocks], batch_size):
         width = max(sum(len(blocks[i][0]) for i in row) for row in batch)

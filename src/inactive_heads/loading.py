@@ -43,6 +43,8 @@ def load_model(
     sha256, so later loads take seconds. ``model.inactive_heads_source`` records what was loaded (for run metadata).
     """
     path = Path(spec)
+    source: str | Path
+    identity: dict[str, str | None]
     if path.suffix == ".gguf":
         if not path.is_file():
             raise FileNotFoundError(f"no GGUF file at {path}; check the path (pip-carried models: see their package)")
@@ -68,7 +70,8 @@ def load_model(
     tokenizer = transformers.AutoTokenizer.from_pretrained(source, local_files_only=offline)
     if identity["format"] == "hub":
         identity["revision"] = getattr(model.config, "_commit_hash", None)
-    model.inactive_heads_source = identity
+    # torch's stub types Module.__setattr__ for tensors and modules only; plain attributes are fine at run time.
+    model.inactive_heads_source = identity  # type: ignore[assignment]
     return model.eval(), tokenizer
 
 
@@ -156,7 +159,7 @@ def _cached_gguf(path: Path, sha: str) -> Path:
             "loader does not support; re-download it or pass a Hugging Face directory instead"
         ) from err
     # The weights are de-quantised already; without this the saved config would ask to quantise again on load.
-    model.hf_quantizer = None
+    model.hf_quantizer = None  # type: ignore[assignment]  # Module.__setattr__ stub: tensors and modules only
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config
     target.parent.mkdir(parents=True, exist_ok=True)

@@ -218,7 +218,7 @@ def _best_cell(run: RunData, rows: list[dict[str, object]]) -> tuple[str, dict[s
             continue
         cells = [
             c
-            for c in curves[name].extra["cells"]  # type: ignore[union-attr]
+            for c in curves[name].extra["cells"]
             if c["accuracy"] >= run.baseline - _TOL - 1e-9 and _head_frequency(run, c) is not None
         ]
         if cells:
@@ -226,9 +226,7 @@ def _best_cell(run: RunData, rows: list[dict[str, object]]) -> tuple[str, dict[s
     # No cell stays within 1 point: show the best score function's mildest intervention.
     for name in ordered:
         cells = [
-            c
-            for c in (curves[name].extra["cells"] if name in curves else [])  # type: ignore[union-attr]
-            if _head_frequency(run, c) is not None
+            c for c in (curves[name].extra["cells"] if name in curves else []) if _head_frequency(run, c) is not None
         ]
         if cells:
             return str(name), min(cells, key=lambda c: c["fraction_zeroed"])
@@ -345,7 +343,7 @@ def _table2_rows(rows: list[dict[str, object]]) -> list[list[str]]:
 
 
 def _cell_rows(run: RunData) -> list[list[str]]:
-    order = {n: k for k, n in enumerate(run.score_names)}
+    order: dict[str | None, int] = {n: k for k, n in enumerate(run.score_names)}
     cells = sorted(
         run.cells, key=lambda c: (c.get("score") is not None, order.get(c.get("score"), -1), c.get("target") or 0.0)
     )
@@ -474,12 +472,12 @@ def compare_runs(
         "|---|---|---|---|",
     ]
     for n, d in pooled.items():
-        vals = per[n]  # type: ignore[index]
+        vals = per[n]
         lines.append(f"| {n} | {d:.4g} | {np.mean(vals):.4g} | {np.max(vals):.4g} |")
     fig = _figure(7, 4.2)
     ax = fig.add_subplot()
     for n in pooled:
-        vals = per[n]  # type: ignore[index]
+        vals = per[n]
         depth = (np.arange(len(vals)) + 0.5) / len(vals)
         ax.plot(depth, vals, marker="o", ms=3, lw=1.2, color="black" if n == "random" else None, label=_label(n))
     ax.set_xlabel("relative depth")

@@ -146,10 +146,18 @@ def _layer_norm(x: torch.Tensor, ref: torch.Tensor | None = None) -> torch.Tenso
     return torch.where(mean == 0, 1.0, x / mean)
 
 
+def _stat(stats: LayerStats, name: str) -> torch.Tensor:
+    # The engine computes only the statistics a score declares in ``needs``; the others stay None.
+    value: torch.Tensor | None = getattr(stats, name)
+    if value is None:
+        raise ValueError(f"statistic {name!r} was not computed: the score must list it in needs")
+    return value
+
+
 def _register_raw_and_ln(name: str, label: str, inactive_when: InactiveWhen) -> None:
-    register_score(name, label=label, inactive_when=inactive_when, needs={name})(lambda s: getattr(s, name))
+    register_score(name, label=label, inactive_when=inactive_when, needs={name})(lambda s: _stat(s, name))
     register_score(f"{name}_ln", label=f"{label} (LN)", inactive_when=inactive_when, needs={name})(
-        lambda s: _layer_norm(getattr(s, name))
+        lambda s: _layer_norm(_stat(s, name))
     )
 
 
@@ -157,13 +165,15 @@ _register_raw_and_ln("awft", "AWFT", "above")
 _register_raw_and_ln("aeqd", "AEQD", "below")
 _register_raw_and_ln("ftvvn", "FTVVN", "below")
 _register_raw_and_ln("avvn", "AVVN", "below")
-register_score("lthon", label="LTHON", needs={"lthon"})(lambda s: s.lthon)
+register_score("lthon", label="LTHON", needs={"lthon"})(lambda s: _stat(s, "lthon"))
 _register_raw_and_ln("ahon", "AHON", "below")
 _register_raw_and_ln("fhon", "FHON", "below")
 # The paper normalises the last-token norm by the layer's mean *average* output norm, and by the head's own (HN).
-register_score("lthon_ln", label="LTHON (LN)", needs={"lthon", "ahon"})(lambda s: _layer_norm(s.lthon, s.ahon))
-register_score("lthon_hn", label="LTHON (HN)", needs={"lthon", "ahon"})(lambda s: s.lthon / s.ahon)
-register_score("random", label="Random", needs={"random"})(lambda s: s.random)
+register_score("lthon_ln", label="LTHON (LN)", needs={"lthon", "ahon"})(
+    lambda s: _layer_norm(_stat(s, "lthon"), _stat(s, "ahon"))
+)
+register_score("lthon_hn", label="LTHON (HN)", needs={"lthon", "ahon"})(lambda s: _stat(s, "lthon") / _stat(s, "ahon"))
+register_score("random", label="Random", needs={"random"})(lambda s: _stat(s, "random"))
 
 
 class HeadScores(Mapping[str, torch.Tensor]):

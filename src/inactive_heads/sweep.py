@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from transformers import PreTrainedModel
 
 from . import evaluation
 from .engine import Policy
@@ -64,10 +65,12 @@ def _display_name(identity: dict[str, Any]) -> str:
     return path.stem if path.suffix == ".gguf" else path.name if path.exists() else str(spec)
 
 
-def _shape(model: torch.nn.Module) -> tuple[int, int]:
+def _shape(model: PreTrainedModel) -> tuple[int, int]:
     config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
     layers = getattr(config, "num_hidden_layers", None) or getattr(config, "n_layer", None)
     heads = getattr(config, "num_attention_heads", None) or getattr(config, "n_head", None)
+    if layers is None or heads is None:
+        raise ValueError(f"{type(config).__name__} names no layer or attention head count")
     return int(layers), int(heads)
 
 
@@ -118,7 +121,7 @@ def _write_run(run_dir: Path, run: dict[str, Any]) -> None:
 
 
 def calibrate(
-    model: torch.nn.Module,
+    model: PreTrainedModel,
     tokenizer: Any,
     task: str | Task,
     run_dir: str | Path,
@@ -202,7 +205,7 @@ def calibrate(
 
 
 def sweep(
-    model: torch.nn.Module,
+    model: PreTrainedModel,
     tokenizer: Any,
     task: str | Task,
     run_dir: str | Path,
@@ -234,7 +237,7 @@ def sweep(
     run_dir = Path(run_dir)
     task_obj = _task(task, eval_kwargs)
     shots = task_obj.default_shots if shots is None else shots
-    common = dict(shots=shots, limit=limit, seed=seed, batch_size=batch_size)
+    common: dict[str, Any] = dict(shots=shots, limit=limit, seed=seed, batch_size=batch_size)
     cal = calibrate(
         model,
         tokenizer,

