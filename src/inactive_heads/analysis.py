@@ -25,6 +25,7 @@ __all__ = [
     "top_k_iou",
     "wasserstein1",
     "wasserstein_table",
+    "within_tolerance",
     "zero_frequency",
 ]
 
@@ -99,7 +100,7 @@ def max_zeroed_within(curve_points: Iterable[Sequence[float]], baseline: float, 
     """
     pts = _sorted_points(curve_points)
     line = float(baseline) - float(tol)
-    within = [a >= line - _ON_LINE_EPS for _, a in pts]
+    within = [within_tolerance(a, baseline, tol) for _, a in pts]
     if not any(within):
         return 0.0
     if within[-1]:
@@ -109,6 +110,11 @@ def max_zeroed_within(curve_points: Iterable[Sequence[float]], baseline: float, 
     if a0 <= line:  # on the line (within eps): no interpolation, and no division by a tiny gap
         return x0
     return x0 + (a0 - line) / (a0 - a1) * (x1 - x0)
+
+
+def within_tolerance(accuracy: float, baseline: float, tol: float = TABLE2_TOLERANCE) -> bool:
+    """Whether ``accuracy`` is within ``tol`` of ``baseline`` (at least ``baseline - tol``, up to float rounding)."""
+    return accuracy >= float(baseline) - float(tol) - _ON_LINE_EPS
 
 
 def _interp_at(pts: list[Point], x: float) -> float:
