@@ -7,7 +7,10 @@ import pytest
 import torch
 
 from inactive_heads.analysis import Curve, common_fraction_range, max_zeroed_within, normalized_auc
-from inactive_heads.report import CELL_FIELDS, _pairwise_w1, compare_runs, load_run, write_report
+from inactive_heads.compare import compare_runs
+from inactive_heads.document import render_table
+from inactive_heads.report import _pairwise_w1, write_report
+from inactive_heads.rundir import CELL_FIELDS, load_run
 from inactive_heads.scores import SCORE_FUNCTIONS, HeadScores
 from inactive_heads.store import ResultStore, atomic_write_json, cell_key
 
@@ -188,3 +191,25 @@ def test_compare_runs_across_layer_counts(runs, tmp_path):
         assert pooled == pytest.approx(_w1_by_quantiles(a[score], b[score]), rel=1e-3), score
         assert per_mean == pytest.approx(np.mean(per), rel=1e-3), score
         assert per_max == pytest.approx(np.max(per), rel=1e-3), score
+
+
+def test_render_table_formats():
+    header, rows = ["score", "a|b", "n"], [["ahon", "x<y", "1.5"], ["random", "", "12.25"]]
+    assert render_table(header, rows) == (
+        "| score | a\\|b | n |\n|---|---|---|\n| ahon | x<y | 1.5 |\n| random |  | 12.25 |"
+    )
+    assert render_table(header, rows, fmt="html") == (
+        "<table><thead><tr><th>score</th><th>a|b</th><th>n</th></tr></thead><tbody>"
+        "<tr><td>ahon</td><td>x&lt;y</td><td>1.5</td></tr><tr><td>random</td><td></td><td>12.25</td></tr>"
+        "</tbody></table>"
+    )
+    assert render_table(header, rows, fmt="text", align="llr").splitlines() == [
+        "score   a|b      n",
+        "ahon    x<y    1.5",
+        "random       12.25",
+    ]
+    assert render_table(header, [], fmt="text") == "score  a|b  n"
+    with pytest.raises(ValueError, match="align"):
+        render_table(header, rows, fmt="text", align="lr")
+    with pytest.raises(ValueError, match="format"):
+        render_table(header, rows, fmt="latex")  # type: ignore[arg-type]

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 import inactive_heads.evaluation as evaluation
-from inactive_heads.report import load_run
+from inactive_heads.rundir import load_run
 from inactive_heads.sweep import sweep
 from inactive_heads.tasks import Item, Task
 

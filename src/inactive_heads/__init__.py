@@ -1,10 +1,11 @@
 """inactive-heads: find the attention heads of a decoder-only LLM that do nothing, zero them, measure the cost."""
 
 from . import analysis
+from .compare import compare_runs
 from .engine import Policy, Watch, record_scores, watch, zero_heads
 from .evaluation import EvalResult, evaluate
 from .loading import load_model
-from .report import compare_runs, write_report
+from .report import write_report
 from .scores import SCORE_FUNCTIONS, HeadScores, LayerStats, register_score
 from .sweep import calibrate, sweep
 from .tasks import TASKS, register_task

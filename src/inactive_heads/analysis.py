@@ -1,6 +1,7 @@
 """Sweep analysis: accuracy-vs-zeroed curves, the Table-2 metric, AUC, rankings, and score-distribution distances.
 
-Fractions (of heads zeroed) and accuracies are in [0, 1] throughout; ``tol=0.01`` is one accuracy point.
+Fractions (of heads zeroed) and accuracies are in [0, 1] throughout; the Table-2 tolerance
+(:data:`TABLE2_TOLERANCE`, 0.01) is one accuracy point.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import numpy as np
 import torch
 
 __all__ = [
+    "TABLE2_TOLERANCE",
     "Curve",
     "common_fraction_range",
     "max_zeroed_within",
@@ -24,8 +26,11 @@ __all__ = [
     "top_k_iou",
     "wasserstein1",
     "wasserstein_table",
+    "within_tolerance",
     "zero_frequency",
 ]
+
+TABLE2_TOLERANCE = 0.01  # one accuracy point: how far below baseline a "within" accuracy may fall
 
 Point = tuple[float, float]
 _Sample = torch.Tensor | np.ndarray | Sequence[float]
@@ -70,7 +75,7 @@ class Curve:
     def accuracies(self) -> list[float]:
         return [a for _, a in self.points]
 
-    def max_zeroed_within(self, tol: float = 0.01) -> float:
+    def max_zeroed_within(self, tol: float = TABLE2_TOLERANCE) -> float:
         return max_zeroed_within(self.points, self.baseline, tol)
 
     def auc(self, x_max: float | None = None) -> float:
@@ -78,7 +83,7 @@ class Curve:
         return normalized_auc(self.points, self.baseline, x_max) if self.baseline > 0 else math.nan
 
 
-def max_zeroed_within(curve_points: Iterable[Sequence[float]], baseline: float, tol: float = 0.01) -> float:
+def max_zeroed_within(curve_points: Iterable[Sequence[float]], baseline: float, tol: float = TABLE2_TOLERANCE) -> float:
     """The Table-2 metric: the largest fraction of heads zeroed whose accuracy stays within ``tol`` of ``baseline``.
 
     With points sorted by fraction and the line ``c = baseline - tol`` (a point with ``acc >= c`` is *within*; a
@@ -96,7 +101,7 @@ def max_zeroed_within(curve_points: Iterable[Sequence[float]], baseline: float, 
     """
     pts = _sorted_points(curve_points)
     line = float(baseline) - float(tol)
-    within = [a >= line - _ON_LINE_EPS for _, a in pts]
+    within = [within_tolerance(a, baseline, tol) for _, a in pts]
     if not any(within):
         return 0.0
     if within[-1]:
@@ -106,6 +111,11 @@ def max_zeroed_within(curve_points: Iterable[Sequence[float]], baseline: float, 
     if a0 <= line:  # on the line (within eps): no interpolation, and no division by a tiny gap
         return x0
     return x0 + (a0 - line) / (a0 - a1) * (x1 - x0)
+
+
+def within_tolerance(accuracy: float, baseline: float, tol: float = TABLE2_TOLERANCE) -> bool:
+    """Whether ``accuracy`` is within ``tol`` of ``baseline`` (at least ``baseline - tol``, up to float rounding)."""
+    return accuracy >= float(baseline) - float(tol) - _ON_LINE_EPS
 
 
 def _interp_at(pts: list[Point], x: float) -> float:
@@ -290,7 +300,9 @@ def zero_frequency(zeroed: torch.Tensor | np.ndarray) -> torch.Tensor:
     return z.to(torch.float32).mean(dim=0)
 
 
-def table2(curves: Iterable[Curve], tol: float = 0.01, x_max: float | None = None) -> list[dict[str, object]]:
+def table2(
+    curves: Iterable[Curve], tol: float = TABLE2_TOLERANCE, x_max: float | None = None
+) -> list[dict[str, object]]:
     """One row per curve: score, label, ``max_zeroed`` (fraction), ``auc`` over a common range, and ``rank``.
 
     Ranking is by ``max_zeroed`` (higher is better), ties broken by AUC; ``x_max`` defaults to the common range.

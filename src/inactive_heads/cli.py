@@ -95,15 +95,13 @@ def _score_names(text: str) -> str | list[str]:
     return names
 
 
-def _slug(text: str) -> str:
-    return re.sub(r"[^A-Za-z0-9._-]+", "-", text).strip("-") or "model"
-
-
 def _default_run_dir(args: argparse.Namespace) -> Path:
+    from .rundir import slug
+
     model = Path(args.model).stem if args.model.endswith(".gguf") else Path(args.model.rstrip("/")).name
     shots = "" if args.shots is None else f"-{args.shots}shot"
     limit = "" if args.limit is None else f"-n{args.limit}"
-    return Path("runs") / _slug(f"{model}-{args.task}{shots}{limit}-s{args.seed}")
+    return Path("runs") / slug(f"{model}-{args.task}{shots}{limit}-s{args.seed}")
 
 
 def _load(args: argparse.Namespace) -> tuple[Any, Any]:
@@ -156,16 +154,23 @@ def _run_sweep(args: argparse.Namespace, model: Any, tok: Any, run_dir: Path) ->
 
 
 def _print_table2(run_dir: Path) -> None:
-    from .report import load_run
+    from .document import render_table
+    from .rundir import load_run
 
     run = load_run(run_dir)
     print(f"\n{run.name} on {run.run['task']}: baseline accuracy {100 * run.baseline:.2f}%")
-    print(f"{'score':<12} {'label':<14} {'max % zeroed within 1 pt':>25} {'AUC':>7} {'rank':>5}")
-    for row in run.table2():
-        print(
-            f"{row['score']:<12} {row['label']!s:<14} {100 * float(row['max_zeroed']):>25.2f} "  # type: ignore[arg-type]
-            f"{float(row['auc']):>7.3f} {float(row['rank']):>5.1f}"  # type: ignore[arg-type]
-        )
+    header = ["score", "label", "max % zeroed within 1 pt", "AUC", "rank"]
+    rows = [
+        [
+            str(row["score"]),
+            str(row["label"]),
+            f"{100 * float(row['max_zeroed']):.2f}",  # type: ignore[arg-type]
+            f"{float(row['auc']):.3f}",  # type: ignore[arg-type]
+            f"{float(row['rank']):.1f}",  # type: ignore[arg-type]
+        ]
+        for row in run.table2()
+    ]
+    print(render_table(header, rows, fmt="text", align="llrrr"))
 
 
 def _cmd_sweep(args: argparse.Namespace) -> None:
@@ -184,7 +189,7 @@ def _cmd_report(args: argparse.Namespace) -> None:
 
 
 def _cmd_compare(args: argparse.Namespace) -> None:
-    from .report import compare_runs
+    from .compare import compare_runs
 
     text, figure = compare_runs(args.run_a, args.run_b, args.out)
     print(text)
@@ -214,10 +219,12 @@ def _demo_model() -> str:
 
 
 def _cmd_demo(args: argparse.Namespace) -> None:
+    from .rundir import slug
+
     t0 = time.perf_counter()
     args.model = args.model or _demo_model()
     out = Path(args.out)
-    run_dir = args.run_dir or out / "runs" / _slug(f"{Path(args.model).stem}-{args.task}")
+    run_dir = args.run_dir or out / "runs" / slug(f"{Path(args.model).stem}-{args.task}")
     model, tok = _load(args)
     _run_sweep(args, model, tok, run_dir)
     _print_table2(run_dir)

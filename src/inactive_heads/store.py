@@ -15,11 +15,19 @@ import json
 import math
 import os
 import tempfile
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-__all__ = ["ResultStore", "atomic_write_bytes", "atomic_write_json", "atomic_write_text", "canonical_json", "cell_key"]
+__all__ = [
+    "ResultStore",
+    "atomic_write_bytes",
+    "atomic_write_json",
+    "atomic_write_text",
+    "canonical_json",
+    "cell_key",
+    "package_version",
+]
 
 try:
     import fcntl
@@ -103,7 +111,8 @@ def canonical_json(obj: Any) -> str:
     return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=False)
 
 
-def _package_version() -> str:
+def package_version() -> str:
+    """The installed package's version (imported late: the package imports this module)."""
     from . import __version__
 
     return __version__
@@ -116,20 +125,27 @@ def cell_key(**fields: Any) -> str:
     ``package_version`` is added from the installed package when not given, so a new version never reuses old cells.
     Floats key by their exact repr, so pass the threshold actually used, not a rounded copy.
     """
-    fields.setdefault("package_version", _package_version())
+    fields.setdefault("package_version", package_version())
     return hashlib.sha256(canonical_json(fields).encode("ascii")).hexdigest()[:32]
 
 
 class ResultStore:
     """Finished cells as ``<root>/<key>.json`` JSON objects.
 
-    ``put`` is atomic. A file that does not parse as a JSON object (or lacks a field in ``required``) is treated as
-    not done: ``has`` is False, ``get`` raises KeyError, ``keys`` skips it, and the next ``put`` replaces it.
+    ``put`` is atomic. A file that does not parse as a JSON object (or lacks a field in ``required``, or makes
+    ``validate`` raise ValueError) is treated as not done: ``has`` is False, ``get`` raises KeyError, ``keys`` skips
+    it, and the next ``put`` replaces it. ``put`` refuses a value that would read back as not done.
     """
 
-    def __init__(self, root: str | Path, required: Iterable[str] = ()):
+    def __init__(
+        self,
+        root: str | Path,
+        required: Iterable[str] = (),
+        validate: Callable[[dict[str, Any]], object] | None = None,
+    ):
         self.root = Path(root)
         self.required = tuple(required)
+        self.validate = validate
 
     def path(self, key: str) -> Path:
         if not key or "/" in key or "\\" in key or key.startswith("."):
@@ -143,6 +159,11 @@ class ResultStore:
             return None
         if not isinstance(obj, dict) or any(f not in obj for f in self.required):
             return None
+        if self.validate is not None:
+            try:
+                self.validate(obj)
+            except ValueError:
+                return None
         return obj
 
     def has(self, key: str) -> bool:
@@ -164,7 +185,10 @@ class ResultStore:
         missing = [f for f in self.required if f not in value]
         if missing:
             raise ValueError(f"cell {key!r} lacks required fields {missing}")
-        atomic_write_json(self.path(key), dict(value))
+        record = _jsonable(dict(value))
+        if self.validate is not None:
+            self.validate(record)  # what a reader would reject must not be written
+        atomic_write_json(self.path(key), record)
 
     @contextlib.contextmanager
     def claim(self, key: str, *, wait: bool = False) -> Iterator[bool]:

@@ -1,6 +1,6 @@
 """Calibrate thresholds and sweep (score function x target fraction) cells into a resumable run directory.
 
-Layout: see :mod:`inactive_heads.report`. Every finished cell is one atomic ``cells/<key>.json``, keyed by
+Layout: see :mod:`inactive_heads.rundir`. Every finished cell is one atomic ``cells/<key>.json``, keyed by
 :func:`inactive_heads.store.cell_key` of everything that changes its answer, so a killed sweep resumes where it
 stopped and never recomputes (or trusts a torn copy of) a finished cell.
 """
@@ -8,8 +8,6 @@ stopped and never recomputes (or trusts a torn copy of) a finished cell.
 from __future__ import annotations
 
 import contextlib
-import hashlib
-import json
 import time
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
@@ -20,49 +18,13 @@ from transformers import PreTrainedModel
 
 from . import evaluation
 from .engine import Policy
-from .report import CELL_FIELDS
+from .rundir import Cell, RunDir, display_name, model_identity, run_record, task_fingerprint
 from .scores import SCORE_FUNCTIONS, HeadScores
-from .store import ResultStore, atomic_write_json, cell_key
+from .store import cell_key
 from .tasks import Task, get_task
 from .thresholds import DEFAULT_TARGETS, check_targets, thresholds_for
 
-__all__ = ["calibrate", "model_identity", "sweep"]
-
-# Keys of the run that must match for cells of an existing run directory to be reused.
-_RUN_MATCH = ("model", "task", "shots", "limit", "seed", "package_version")
-
-
-def _version() -> str:
-    from . import __version__
-
-    return __version__
-
-
-def model_identity(model: torch.nn.Module) -> dict[str, Any]:
-    """What identifies the model's weights: the loader's source record when present, plus class, dtype and a
-    fingerprint of a few thousand weights (cheap, and tells apart models that share a name but not weights)."""
-    source = getattr(model, "inactive_heads_source", None)
-    params = list(model.parameters())
-    digest = hashlib.sha256()
-    for p in (params[0], params[len(params) // 2], params[-1]) if params else ():
-        digest.update(p.detach().reshape(-1)[:4096].to("cpu", torch.float32).numpy().tobytes())
-    config = getattr(model, "config", None)
-    return {
-        "source": dict(source) if isinstance(source, dict) else None,
-        "name_or_path": getattr(config, "_name_or_path", ""),
-        "class": type(model).__name__,
-        "dtype": str(params[0].dtype) if params else "",
-        "weights_sample_sha256": digest.hexdigest()[:16],
-    }
-
-
-def _display_name(identity: dict[str, Any]) -> str:
-    # A GGUF loads from a cache directory; the name users know is the file's (or directory's) own.
-    spec = (identity["source"] or {}).get("spec") or identity["name_or_path"]
-    if not spec:
-        return identity["class"]
-    path = Path(str(spec).rstrip("/"))
-    return path.stem if path.suffix == ".gguf" else path.name if path.exists() else str(spec)
+__all__ = ["calibrate", "sweep"]
 
 
 def _shape(model: PreTrainedModel) -> tuple[int, int]:
@@ -79,45 +41,6 @@ def _task(task: str | Task, eval_kwargs: dict[str, Any]) -> Task:
     if isinstance(task, Task):
         return task
     return get_task(task, eval_kwargs.get("data_dir"), eval_kwargs.get("source", "files"))
-
-
-def _task_fingerprint(task: Task) -> str:
-    digest = hashlib.sha256()
-    for it in task.items:
-        digest.update(json.dumps([it.id, it.contexts, it.continuations, it.gold, it.group]).encode())
-    return digest.hexdigest()[:16]
-
-
-def _result_cell(result: evaluation.EvalResult, n_layers: int, n_heads: int) -> dict[str, Any]:
-    no_policy = result.zeroed_per_layer is None
-    return {
-        "accuracy": float(result.metrics["acc"]),
-        "acc_norm": result.metrics.get("acc_norm"),
-        "mean_ll_correct": result.gold_loglikelihood,
-        "fraction_zeroed": 0.0 if result.zeroed_fraction is None else float(result.zeroed_fraction),
-        "per_layer": [0.0] * n_layers if no_policy else result.zeroed_per_layer,
-        "per_head": [[0.0] * n_heads for _ in range(n_layers)] if no_policy else result.zeroed_per_head,
-        "n_items": result.n_items,
-        "seconds": float(result.timing["total_s"]),
-        "per_item": {
-            "ids": result.item_ids,
-            "gold": result.gold,
-            "pred": result.pred,
-            "pred_norm": result.pred_norm,
-            "loglikelihoods": result.loglikelihoods,
-        },
-    }
-
-
-def _write_run(run_dir: Path, run: dict[str, Any]) -> None:
-    path = run_dir / "run.json"
-    if path.is_file():
-        old = json.loads(path.read_text(encoding="utf-8"))
-        diff = [k for k in _RUN_MATCH if json.dumps(old.get(k), sort_keys=True) != json.dumps(run[k], sort_keys=True)]
-        if diff:
-            raise ValueError(f"{run_dir} holds a different run (differs in {diff}); use a new run directory")
-        return
-    atomic_write_json(path, run)
 
 
 def calibrate(
@@ -142,35 +65,34 @@ def calibrate(
     ``eval_kwargs`` go to ``evaluate`` (``data_dir``, ``source``, ``apply_chat_template``, ...).
     """
     run_dir = Path(run_dir)
+    rd = RunDir(run_dir)
     task_obj = _task(task, eval_kwargs)
     n_layers, n_heads = _shape(model)
     identity = model_identity(model)
     shots = task_obj.default_shots if shots is None else shots
-    run = {
-        "model": {"name": model_name or _display_name(identity), "identity": identity},
-        "task": task_obj.name,
-        "shots": shots,
-        "limit": limit,
-        "seed": seed,
-        "package_version": _version(),
-        "n_layers": n_layers,
-        "n_heads": n_heads,
-    }
+    run = run_record(
+        name=model_name or display_name(identity),
+        identity=identity,
+        task=task_obj.name,
+        shots=shots,
+        limit=limit,
+        seed=seed,
+        n_layers=n_layers,
+        n_heads=n_heads,
+    )
     cal_task = task_obj if calibration_task is None else _task(calibration_task, eval_kwargs)
     cal_limit = limit if calibration_limit is None else calibration_limit
     # Refuse bad settings before run.json exists: a rejected command must not claim the run directory.
     evaluation.check_request(task_obj, shots, limit, seed)
     evaluation.check_request(cal_task, shots, cal_limit, seed)
-    _write_run(run_dir, run)
-    scores_path = run_dir / "calibration" / "scores.safetensors"
-    meta_path = run_dir / "calibration" / "meta.json"
-    if scores_path.is_file() and meta_path.is_file():
-        old = json.loads(meta_path.read_text(encoding="utf-8"))
-        wanted = {"task": cal_task.name, "task_items": _task_fingerprint(cal_task), "limit": cal_limit, "seed": seed}
+    rd.write_run(run)
+    old = rd.read_meta() if rd.scores_path.is_file() else None
+    if old is not None:
+        wanted = {"task": cal_task.name, "task_items": task_fingerprint(cal_task), "limit": cal_limit, "seed": seed}
         if any(old.get(k) != v for k, v in wanted.items()):
             raise ValueError(f"{run_dir} holds a different calibration ({old}); use a new run directory")
         with contextlib.suppress(Exception):  # a torn or foreign file: record again
-            return HeadScores.load(scores_path)
+            return HeadScores.load(rd.scores_path)
     kwargs = {k: v for k, v in eval_kwargs.items() if k not in ("data_dir", "source")}
     t0 = time.perf_counter()
     result = evaluation.evaluate(
@@ -189,7 +111,7 @@ def calibrate(
         raise RuntimeError("evaluate(record=True) returned no scores")
     meta = {
         "task": cal_task.name,
-        "task_items": _task_fingerprint(cal_task),
+        "task_items": task_fingerprint(cal_task),
         "shots": shots,
         "limit": cal_limit,
         "seed": seed,
@@ -199,8 +121,8 @@ def calibrate(
         "seconds": time.perf_counter() - t0,
     }
     scores.meta.update(meta)
-    scores.save(scores_path)
-    atomic_write_json(meta_path, meta)  # written last: its presence marks a complete calibration
+    scores.save(rd.scores_path)
+    rd.write_meta(meta)  # written last: its presence marks a complete calibration
     return scores
 
 
@@ -249,21 +171,22 @@ def sweep(
         **common,
         **eval_kwargs,
     )
-    run = json.loads((run_dir / "run.json").read_text(encoding="utf-8"))
+    rd = RunDir(run_dir)
+    run = rd.read_run()
     if any(n not in cal for n in names):  # registered after calibrating: derive from the recorded raw statistics
         try:
             cal = cal.derive(names)
         except KeyError as e:
             raise ValueError(f"{e.args[0]}; calibrate again in a new run directory") from None
-        cal.save(run_dir / "calibration" / "scores.safetensors")
+        cal.save(rd.scores_path)
     thresholds = thresholds_for(cal, ps, names)
     base_fields = {k: run[k] for k in ("task", "shots", "limit", "seed", "package_version")}
     base_fields["model"] = run["model"]["identity"]
-    base_fields["task_items"] = _task_fingerprint(task_obj)  # same name, other files: other answers
+    base_fields["task_items"] = task_fingerprint(task_obj)  # same name, other files: other answers
     grid: list[tuple[str | None, float | None, float | None]] = [(None, None, None)]
     grid += [(n, p, thresholds[n][i]) for i, p in enumerate(ps) for n in names]  # target-major: early full picture
 
-    store = ResultStore(run_dir / "cells", required=CELL_FIELDS)
+    store = rd.cell_store()
     keys = [cell_key(**base_fields, score=s, threshold=t) for s, _, t in grid]
     kwargs = {k: v for k, v in eval_kwargs.items() if k not in ("data_dir", "source")}
     n_layers, n_heads = run["n_layers"], run["n_heads"]
@@ -283,13 +206,9 @@ def sweep(
                 continue
             policy = None if score is None else Policy(score=score, threshold=threshold, seed=seed)
             result = evaluation.evaluate(model, tokenizer, task_obj, policy=policy, **common, **kwargs)
-            cell = {
-                "score": score,
-                "target": target,
-                "threshold": threshold,
-                "inactive_when": None if score is None else SCORE_FUNCTIONS[score].inactive_when,
-                **_result_cell(result, n_layers, n_heads),
-            }
+            cell = Cell.from_result(
+                result, score=score, target=target, threshold=threshold, n_layers=n_layers, n_heads=n_heads
+            ).to_json()
             store.put(key, cell)
             if on_cell is not None:
                 on_cell(key, cell)

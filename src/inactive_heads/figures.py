@@ -1,0 +1,131 @@
+"""Figures of runs: accuracy curves, rank heatmap, score CDFs, zeroed-head heatmap, and PNG encoding.
+
+Figures are drawn with matplotlib's Agg canvas directly (no pyplot), so the global backend is never touched.
+"""
+
+from __future__ import annotations
+
+import io
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from .analysis import TABLE2_TOLERANCE
+from .rundir import RunData, score_label
+from .scores import SCORE_FUNCTIONS
+
+__all__ = ["cdf_figure", "curves_figure", "figure", "head_heatmap", "png", "rank_heatmap"]
+
+_MAX_CDF_POINTS = 2000  # quantiles drawn per CDF; enough for a smooth line, small PNGs
+
+
+def figure(width: float, height: float) -> Any:
+    """A new matplotlib Figure (inches, 100 dpi), not registered with pyplot."""
+    from matplotlib.figure import Figure
+
+    return Figure(figsize=(width, height), dpi=100)
+
+
+def png(fig: Any) -> bytes:
+    """``fig`` as PNG bytes (tight bounding box, no software stamp: the same figure gives the same bytes)."""
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", bbox_inches="tight", metadata={"Software": None})
+    return buf.getvalue()
+
+
+def curves_figure(run: RunData) -> Any:
+    """Accuracy vs % of heads zeroed, one line per score function, with the baseline and the tolerance line."""
+    import matplotlib
+
+    fig = figure(7.5, 4.8)
+    ax = fig.add_subplot()
+    base = run.baseline
+    colors = matplotlib.colormaps["tab20"]
+    for i, (name, c) in enumerate(run.curves().items()):
+        xs = [100 * x for x in c.fractions]
+        ys = [100 * a for a in c.accuracies]
+        if name == "random":
+            ax.plot(xs, ys, color="black", lw=2, marker="o", ms=3, label=c.label, zorder=5)
+        else:
+            ax.plot(xs, ys, color=colors(i % 20), lw=1.3, marker="o", ms=3, label=c.label)
+    ax.axhline(100 * base, color="grey", ls="--", lw=1, label="baseline")
+    ax.axhline(100 * (base - TABLE2_TOLERANCE), color="grey", ls=":", lw=1, label="baseline − 1 pt")
+    ax.set_xlabel("% of heads zeroed (measured)")
+    ax.set_ylabel("accuracy (%)")
+    ax.set_title(f"{run.name} — {run.run.get('task', '')}")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7, ncol=2, loc="lower left")
+    return fig
+
+
+def rank_heatmap(names: list[str], models: list[str], ranks: list[dict[str, float]]) -> Any:
+    """Rank of each score function (rows) per model (columns)."""
+    mat = np.array([[r.get(n, np.nan) for r in ranks] for n in names], dtype=float)
+    fig = figure(1.6 + 1.3 * len(models), 0.9 + 0.32 * len(names))
+    ax = fig.add_subplot()
+    im = ax.imshow(mat, cmap="viridis_r", aspect="auto")
+    ax.set_yticks(range(len(names)), [score_label(n) for n in names], fontsize=8)
+    ax.set_xticks(range(len(models)), models, rotation=30, ha="right", fontsize=8)
+    for i in range(mat.shape[0]):
+        for j in range(mat.shape[1]):
+            if not math.isnan(mat[i, j]):
+                # viridis_r is bright at low ranks: dark text there, light text on the dark end.
+                dark = mat[i, j] <= np.nanmean(mat)
+                ax.text(
+                    j, i, f"{mat[i, j]:g}", ha="center", va="center", fontsize=7, color="black" if dark else "white"
+                )
+    fig.colorbar(im, ax=ax, label="rank (1 = best)")
+    ax.set_title("Rank by max % zeroed within 1 pt")
+    return fig
+
+
+def cdf_figure(runs: Sequence[RunData]) -> Any | None:
+    """Empirical CDF of each score function's calibration scores, one line per run; None when no run has scores."""
+    with_scores = [r for r in runs if r.scores is not None]
+    if not with_scores:
+        return None
+    names = [n for n in SCORE_FUNCTIONS if any(n in r.scores for r in with_scores)]  # type: ignore[operator]
+    names += sorted({n for r in with_scores for n in r.scores} - set(names))  # type: ignore[union-attr]
+    cols = 4
+    rows = math.ceil(len(names) / cols)
+    fig = figure(3.2 * cols, 2.4 * rows)
+    u = np.linspace(0, 1, _MAX_CDF_POINTS)
+    for k, name in enumerate(names):
+        ax = fig.add_subplot(rows, cols, k + 1)
+        for r in with_scores:
+            if name not in r.scores:  # type: ignore[operator]
+                continue
+            v = r.scores[name].reshape(-1).double().numpy()  # type: ignore[index]
+            v = v[np.isfinite(v)]
+            if v.size:
+                ax.plot(np.quantile(v, u), u, lw=1.2, label=r.name)
+        ax.set_title(score_label(name), fontsize=9)
+        ax.tick_params(labelsize=7)
+        ax.grid(alpha=0.3)
+        if k == 0:
+            ax.legend(fontsize=6)
+    fig.suptitle("Empirical CDF of calibration scores (pooled over rows × layers × heads)", fontsize=10)
+    fig.tight_layout()
+    return fig
+
+
+def head_heatmap(run: RunData, name: str, cell: dict[str, Any]) -> Any:
+    """How often each (layer, head) was zeroed in ``cell`` (which must have a :meth:`RunData.head_frequency`)."""
+    freq = run.head_frequency(cell)
+    if freq is None:
+        raise ValueError(f"cell of {name} has no per-head fractions and none can be derived")
+    fig = figure(1.5 + 0.22 * freq.shape[1], 1.2 + 0.16 * freq.shape[0])
+    ax = fig.add_subplot()
+    im = ax.imshow(freq, cmap="magma", vmin=0, vmax=1, aspect="auto", interpolation="nearest")
+    ax.set_xlabel("head")
+    ax.set_ylabel("layer")
+    target = cell.get("target")
+    ax.set_title(
+        f"{run.name}: how often each head is zeroed\n{score_label(name)}, target {target}, "
+        f"{100 * cell['fraction_zeroed']:.1f}% zeroed",
+        fontsize=9,
+    )
+    fig.colorbar(im, ax=ax, label="fraction of rows zeroed")
+    return fig

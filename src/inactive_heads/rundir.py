@@ -1,0 +1,375 @@
+"""The run directory: its layout, the run record, the cell record, and reading a run back.
+
+Layout::
+
+    run.json                        the run record, see RUN_FIELDS: {model: {name, identity}, task, shots, limit,
+                                     seed, package_version, n_layers, n_heads}
+    calibration/scores.safetensors  HeadScores.save of the calibration pass
+    calibration/meta.json           written last: its presence marks a complete calibration
+    cells/<key>.json                one finished cell, see :class:`Cell`; score is null for the baseline;
+                                     per_head is [L][H] fractions of rows in which the head was zeroed
+
+This module is the only one that knows these paths; the sweep writes through it and the report reads through it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from dataclasses import MISSING, asdict, dataclass, field, fields
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+
+from .analysis import TABLE2_TOLERANCE, Curve, table2, zero_frequency
+from .scores import SCORE_FUNCTIONS, HeadScores
+from .store import ResultStore, atomic_write_json, package_version
+
+if TYPE_CHECKING:
+    from .evaluation import EvalResult
+    from .tasks import Task
+
+__all__ = [
+    "CELL_FIELDS",
+    "RUN_FIELDS",
+    "Cell",
+    "RunData",
+    "RunDir",
+    "display_name",
+    "load_run",
+    "model_identity",
+    "run_record",
+    "score_label",
+    "slug",
+    "task_fingerprint",
+]
+
+RUN_FIELDS = ("model", "task", "shots", "limit", "seed", "package_version", "n_layers", "n_heads")
+# Keys of the run that must match for cells of an existing run directory to be reused.
+_RUN_MATCH = ("model", "task", "shots", "limit", "seed", "package_version")
+# What a cell needs to be drawn in a report; cells missing other fields still show.
+_REPORTED_FIELDS = ("score", "accuracy", "fraction_zeroed")
+
+
+# --- identity ----------------------------------------------------------------------------------------------------
+
+
+def model_identity(model: torch.nn.Module) -> dict[str, Any]:
+    """What identifies the model's weights: the loader's source record when present, plus class, dtype and a
+    fingerprint of a few thousand weights (cheap, and tells apart models that share a name but not weights)."""
+    source = getattr(model, "inactive_heads_source", None)
+    params = list(model.parameters())
+    digest = hashlib.sha256()
+    for p in (params[0], params[len(params) // 2], params[-1]) if params else ():
+        digest.update(p.detach().reshape(-1)[:4096].to("cpu", torch.float32).numpy().tobytes())
+    config = getattr(model, "config", None)
+    return {
+        "source": dict(source) if isinstance(source, dict) else None,
+        "name_or_path": getattr(config, "_name_or_path", ""),
+        "class": type(model).__name__,
+        "dtype": str(params[0].dtype) if params else "",
+        "weights_sample_sha256": digest.hexdigest()[:16],
+    }
+
+
+def display_name(identity: dict[str, Any]) -> str:
+    """The model name users know, from a :func:`model_identity` record."""
+    # A GGUF loads from a cache directory; the name users know is the file's (or directory's) own.
+    spec = (identity["source"] or {}).get("spec") or identity["name_or_path"]
+    if not spec:
+        return identity["class"]
+    path = Path(str(spec).rstrip("/"))
+    return path.stem if path.suffix == ".gguf" else path.name if path.exists() else str(spec)
+
+
+def task_fingerprint(task: Task) -> str:
+    """Digest of a task's items: the same task name over other files gives other answers."""
+    digest = hashlib.sha256()
+    for it in task.items:
+        digest.update(json.dumps([it.id, it.contexts, it.continuations, it.gold, it.group]).encode())
+    return digest.hexdigest()[:16]
+
+
+def slug(text: str) -> str:
+    """``text`` as a file or directory name: runs of other characters than ``A-Za-z0-9._-`` become one ``-``."""
+    return re.sub(r"[^A-Za-z0-9._-]+", "-", text).strip("-") or "model"
+
+
+def score_label(name: str) -> str:
+    """The display label of a score function (its name when it is not registered in this process)."""
+    spec = SCORE_FUNCTIONS.get(name)
+    return spec.label if spec is not None else name
+
+
+# --- records -----------------------------------------------------------------------------------------------------
+
+
+def run_record(
+    *,
+    name: str,
+    identity: dict[str, Any],
+    task: str,
+    shots: int,
+    limit: int | None,
+    seed: int,
+    n_layers: int,
+    n_heads: int,
+) -> dict[str, Any]:
+    """The content of ``run.json`` (keys in RUN_FIELDS order; the installed package version added)."""
+    return {
+        "model": {"name": name, "identity": identity},
+        "task": task,
+        "shots": shots,
+        "limit": limit,
+        "seed": seed,
+        "package_version": package_version(),
+        "n_layers": n_layers,
+        "n_heads": n_heads,
+    }
+
+
+def _is_number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def _is_numbers(v: Any) -> bool:
+    return isinstance(v, list) and all(_is_number(x) for x in v)
+
+
+_CELL_TYPES = {
+    "score": lambda v: v is None or isinstance(v, str),
+    "target": lambda v: v is None or _is_number(v),
+    "threshold": lambda v: v is None or _is_number(v),
+    "inactive_when": lambda v: v is None or isinstance(v, str),
+    "accuracy": _is_number,
+    "acc_norm": lambda v: v is None or _is_number(v),
+    "mean_ll_correct": lambda v: v is None or _is_number(v),
+    "fraction_zeroed": _is_number,
+    "per_layer": _is_numbers,
+    "per_head": lambda v: isinstance(v, list) and all(_is_numbers(row) for row in v),
+    "n_items": lambda v: isinstance(v, int) and not isinstance(v, bool),
+    "seconds": _is_number,
+    "per_item": lambda v: v is None or isinstance(v, dict),
+}
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One finished sweep cell, as stored in ``cells/<key>.json``.
+
+    ``score``, ``target``, ``threshold`` and ``inactive_when`` are None for the baseline. ``per_layer`` and
+    ``per_head`` are measured fractions of rows in which heads were zeroed (zeros for the baseline); ``per_item``
+    holds the per-item answers (ids, gold, pred, pred_norm, loglikelihoods) and is left out when None.
+    """
+
+    score: str | None
+    target: float | None
+    threshold: float | None
+    inactive_when: str | None
+    accuracy: float
+    acc_norm: float | None
+    mean_ll_correct: float | None
+    fraction_zeroed: float
+    per_layer: list[float]
+    per_head: list[list[float]]
+    n_items: int
+    seconds: float
+    per_item: dict[str, Any] | None = field(default=None)
+
+    @classmethod
+    def from_result(
+        cls,
+        result: EvalResult,
+        *,
+        score: str | None,
+        target: float | None,
+        threshold: float | None,
+        n_layers: int,
+        n_heads: int,
+    ) -> Cell:
+        """The cell of one evaluation (``score`` None: the baseline, which zeroes nothing)."""
+        per_layer, per_head = result.zeroed_per_layer, result.zeroed_per_head
+        if per_layer is None or per_head is None:  # no policy: nothing zeroed
+            per_layer, per_head = [0.0] * n_layers, [[0.0] * n_heads for _ in range(n_layers)]
+        return cls(
+            score=score,
+            target=target,
+            threshold=threshold,
+            inactive_when=None if score is None else SCORE_FUNCTIONS[score].inactive_when,
+            accuracy=float(result.metrics["acc"]),
+            acc_norm=result.metrics.get("acc_norm"),
+            mean_ll_correct=result.gold_loglikelihood,
+            fraction_zeroed=0.0 if result.zeroed_fraction is None else float(result.zeroed_fraction),
+            per_layer=per_layer,
+            per_head=per_head,
+            n_items=result.n_items,
+            seconds=float(result.timing["total_s"]),
+            per_item={
+                "ids": result.item_ids,
+                "gold": result.gold,
+                "pred": result.pred,
+                "pred_norm": result.pred_norm,
+                "loglikelihoods": result.loglikelihoods,
+            },
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        """The stored JSON object (``per_item`` only when present)."""
+        out = asdict(self)
+        if out["per_item"] is None:
+            del out["per_item"]
+        return out
+
+    @classmethod
+    def from_json(cls, obj: Any) -> Cell:
+        """Parse a stored cell; ValueError when a field is missing or of the wrong type (other keys are ignored)."""
+        if not isinstance(obj, dict):
+            raise ValueError(f"a cell is a JSON object, got {type(obj).__name__}")
+        missing = [f for f in CELL_FIELDS if f not in obj]
+        wrong = [f for f, ok in _CELL_TYPES.items() if f in obj and not ok(obj[f])]
+        if missing or wrong:
+            raise ValueError(f"malformed cell: missing {missing}, wrong type {wrong}")
+        return cls(**{f.name: obj.get(f.name) for f in fields(cls)})
+
+
+CELL_FIELDS = tuple(f.name for f in fields(Cell) if f.default is MISSING)
+
+
+# --- the directory -----------------------------------------------------------------------------------------------
+
+
+class RunDir:
+    """Paths of one run directory and reading/writing its records (layout: see the module docstring)."""
+
+    def __init__(self, root: str | Path):
+        self.root = Path(root)
+
+    @property
+    def run_path(self) -> Path:
+        return self.root / "run.json"
+
+    @property
+    def scores_path(self) -> Path:
+        return self.root / "calibration" / "scores.safetensors"
+
+    @property
+    def meta_path(self) -> Path:
+        return self.root / "calibration" / "meta.json"
+
+    @property
+    def cells_path(self) -> Path:
+        return self.root / "cells"
+
+    def read_run(self) -> dict[str, Any]:
+        """The run record; FileNotFoundError when this is not a run directory."""
+        if not self.run_path.is_file():
+            raise FileNotFoundError(f"{self.root} is not a run directory: no run.json")
+        return json.loads(self.run_path.read_text(encoding="utf-8"))
+
+    def write_run(self, run: dict[str, Any]) -> None:
+        """Write ``run.json``, or check that the existing one describes the same run (ValueError when not)."""
+        missing = [k for k in RUN_FIELDS if k not in run]
+        if missing:
+            raise ValueError(f"run record lacks {missing}")
+        if self.run_path.is_file():
+            old = json.loads(self.run_path.read_text(encoding="utf-8"))
+            diff = [
+                k for k in _RUN_MATCH if json.dumps(old.get(k), sort_keys=True) != json.dumps(run[k], sort_keys=True)
+            ]
+            if diff:
+                raise ValueError(f"{self.root} holds a different run (differs in {diff}); use a new run directory")
+            return
+        atomic_write_json(self.run_path, run)
+
+    def read_meta(self) -> dict[str, Any] | None:
+        """The calibration's meta record; None when no calibration has completed."""
+        if not self.meta_path.is_file():
+            return None
+        return json.loads(self.meta_path.read_text(encoding="utf-8"))
+
+    def write_meta(self, meta: dict[str, Any]) -> None:
+        """Write the calibration's meta record: after the scores, as it marks the calibration complete."""
+        atomic_write_json(self.meta_path, meta)
+
+    def read_scores(self) -> HeadScores | None:
+        """The calibration scores; None when not recorded."""
+        return HeadScores.load(self.scores_path) if self.scores_path.is_file() else None
+
+    def cell_store(self) -> ResultStore:
+        """The finished cells; a record that is not a valid :class:`Cell` counts as not done."""
+        return ResultStore(self.cells_path, required=CELL_FIELDS, validate=Cell.from_json)
+
+
+# --- reading a run back ------------------------------------------------------------------------------------------
+
+
+@dataclass
+class RunData:
+    """One loaded run directory."""
+
+    dir: Path
+    run: dict[str, Any]
+    cells: list[dict[str, Any]]
+    scores: HeadScores | None = None
+    calibration_meta: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def name(self) -> str:
+        model = self.run.get("model") or {}
+        return str(model.get("name") or self.dir.name) if isinstance(model, dict) else str(model)
+
+    @property
+    def baseline(self) -> float:
+        """Accuracy of the baseline cell (``score`` null)."""
+        for c in self.cells:
+            if c.get("score") is None:
+                return float(c["accuracy"])
+        raise ValueError(f"run {self.dir} has no baseline cell (score null)")
+
+    @property
+    def score_names(self) -> list[str]:
+        """Score functions with at least one cell, in registry order (unknown names last, sorted)."""
+        present = {c["score"] for c in self.cells if c.get("score") is not None}
+        return [n for n in SCORE_FUNCTIONS if n in present] + sorted(present - set(SCORE_FUNCTIONS))
+
+    def curves(self) -> dict[str, Curve]:
+        """Accuracy-vs-fraction-zeroed curve per score function (baseline point at 0 unless a p=0 cell exists)."""
+        out = {}
+        base = self.baseline
+        for name in self.score_names:
+            cells = sorted((c for c in self.cells if c.get("score") == name), key=lambda c: c["fraction_zeroed"])
+            out[name] = Curve(
+                name,
+                [(float(c["fraction_zeroed"]), float(c["accuracy"])) for c in cells],
+                base,
+                label=score_label(name),
+                extra={"cells": cells},
+            )
+        return out
+
+    def table2(self, tol: float = TABLE2_TOLERANCE) -> list[dict[str, object]]:
+        return table2(self.curves().values(), tol)
+
+    def head_frequency(self, cell: dict[str, Any]) -> np.ndarray | None:
+        """How often each head was zeroed in ``cell``, ``[L, H]``; None when neither measured nor derivable.
+
+        The sweep's measured fractions when the cell has them; else what its threshold does to the calibration scores.
+        """
+        if cell.get("per_head") is not None:
+            return np.asarray(cell["per_head"], dtype=float)
+        name, threshold = cell.get("score"), cell.get("threshold")
+        if self.scores is None or name not in self.scores or name not in SCORE_FUNCTIONS or threshold is None:
+            return None
+        return zero_frequency(SCORE_FUNCTIONS[name].passes(self.scores[name], float(threshold))).numpy()
+
+
+def load_run(run_dir: str | Path) -> RunData:
+    """Read a run directory (see the module docstring). Corrupt or partial cells are skipped."""
+    rd = RunDir(run_dir)
+    run = rd.read_run()
+    cells = [cell for _, cell in ResultStore(rd.cells_path, required=_REPORTED_FIELDS).items()]
+    meta = rd.read_meta()
+    return RunData(rd.root, run, cells, rd.read_scores(), {} if meta is None else meta)
