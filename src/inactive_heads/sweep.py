@@ -13,7 +13,6 @@ from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-import torch
 from transformers import PreTrainedModel
 
 from . import evaluation
