@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from . import evaluation
+from . import _compat, evaluation
 from .engine import Policy
 from .report import CELL_FIELDS
 from .scores import SCORE_FUNCTIONS, HeadScores
@@ -45,10 +45,9 @@ def model_identity(model: torch.nn.Module) -> dict[str, Any]:
     digest = hashlib.sha256()
     for p in (params[0], params[len(params) // 2], params[-1]) if params else ():
         digest.update(p.detach().reshape(-1)[:4096].to("cpu", torch.float32).numpy().tobytes())
-    config = getattr(model, "config", None)
     return {
         "source": dict(source) if isinstance(source, dict) else None,
-        "name_or_path": getattr(config, "_name_or_path", ""),
+        "name_or_path": _compat.name_or_path(model),
         "class": type(model).__name__,
         "dtype": str(params[0].dtype) if params else "",
         "weights_sample_sha256": digest.hexdigest()[:16],
@@ -62,13 +61,6 @@ def _display_name(identity: dict[str, Any]) -> str:
         return identity["class"]
     path = Path(str(spec).rstrip("/"))
     return path.stem if path.suffix == ".gguf" else path.name if path.exists() else str(spec)
-
-
-def _shape(model: torch.nn.Module) -> tuple[int, int]:
-    config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
-    layers = getattr(config, "num_hidden_layers", None) or getattr(config, "n_layer", None)
-    heads = getattr(config, "num_attention_heads", None) or getattr(config, "n_head", None)
-    return int(layers), int(heads)
 
 
 def _task(task: str | Task, eval_kwargs: dict[str, Any]) -> Task:
@@ -140,7 +132,7 @@ def calibrate(
     """
     run_dir = Path(run_dir)
     task_obj = _task(task, eval_kwargs)
-    n_layers, n_heads = _shape(model)
+    n_layers, n_heads = _compat.model_shape(model)
     identity = model_identity(model)
     shots = task_obj.default_shots if shots is None else shots
     run = {
