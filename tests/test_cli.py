@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+import sys
 from pathlib import Path
 
 import pytest
@@ -13,7 +14,7 @@ from _tiny import tiny_model, tiny_tokenizer
 import inactive_heads.evaluation as evaluation
 from inactive_heads import analysis
 from inactive_heads.cli import main
-from inactive_heads.scores import SCORE_FUNCTIONS, HeadScores
+from inactive_heads.scores import _SCORE_FUNCTIONS, SCORE_FUNCTIONS, HeadScores
 
 _RUN = ["--task", "recall", "--limit", "12", "--batch-size", "8"]
 _PLUGIN = """
@@ -39,7 +40,8 @@ def model_dirs(tmp_path_factory):
 @pytest.fixture
 def no_plugin_scores():
     yield
-    SCORE_FUNCTIONS.pop("ahon_sq", None)
+    _SCORE_FUNCTIONS.pop("ahon_sq", None)
+    sys.modules.pop("inactive_heads_plugin_my_scores", None)
 
 
 def _cells(run_dir: Path) -> list[dict]:

@@ -11,6 +11,7 @@ from _tiny import ARCHS, tiny_model, tiny_tokenizer
 
 import inactive_heads as ih
 from inactive_heads import attention as attention_module
+from inactive_heads.scores import _SCORE_FUNCTIONS
 
 TEXTS = ["The quick brown fox jumps over the lazy dog.", "Hi", "In 1905, Einstein wrote four papers.", "a b a b a b"]
 
@@ -233,7 +234,7 @@ def test_registered_score_is_recorded_and_drives_zeroing(tokenizer):
         assert torch.equal(run.zeroed[0, 0], scores["ahon_sq_test"][0, 0] < threshold)
         assert run.zeroed[0, 0].any() and not run.zeroed[0, 0].all()
     finally:
-        del ih.SCORE_FUNCTIONS["ahon_sq_test"]
+        del _SCORE_FUNCTIONS["ahon_sq_test"]
     with pytest.raises(ValueError, match="unknown raw statistics"):
         ih.register_score("bad", needs={"nope"})
 
@@ -305,3 +306,28 @@ def test_position_bias_is_refused():
     q = torch.randn(1, 2, 3, 4)
     with pytest.raises(NotImplementedError, match="position bias"):
         _attention(torch.nn.Module(), q, q, q, None, position_bias=torch.zeros(1, 2, 3, 3))
+
+
+def test_watch_results_are_cached_until_the_next_forward(tokenizer):
+    model = tiny_model("llama")
+    ids = torch.tensor([tokenizer(TEXTS[0])["input_ids"]])
+    with torch.no_grad(), ih.watch(model, ih.Policy(score="ahon_ln", threshold=1.0), record=True) as w:
+        model(input_ids=ids)
+        scores, zeroed = w.scores, w.zeroed
+        assert w.scores is scores and w.zeroed is zeroed  # no new forward: the same objects
+        model(input_ids=ids)
+        assert w.scores is not scores and w.zeroed is not zeroed
+        assert w.scores.shape[0] == w.zeroed.shape[0] == 2 and w.scores is w.scores and w.zeroed is w.zeroed
+        torch.testing.assert_close(w.scores["ahon"][:1], scores["ahon"])
+        assert torch.equal(w.zeroed[:1], zeroed) and scores.shape[0] == zeroed.shape[0] == 1
+        last_scores, last_zeroed = w.scores, w.zeroed
+    assert w.scores is last_scores and w.zeroed is last_zeroed  # readable after the block, still cached
+
+    @ih.register_score("ahon_cube_test", needs={"ahon"})
+    def ahon_cube(stats):
+        return stats.ahon**3
+
+    try:  # a score registered after a read is derived on the next read
+        torch.testing.assert_close(w.scores["ahon_cube_test"], last_scores["ahon"] ** 3)
+    finally:
+        del _SCORE_FUNCTIONS["ahon_cube_test"]

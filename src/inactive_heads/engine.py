@@ -25,7 +25,7 @@ from transformers import PreTrainedModel
 
 from . import _compat
 from .attention import attention_with_stats
-from .scores import RAW_STATS, SCORE_FUNCTIONS, HeadScores, LayerStats
+from .scores import RAW_STATS, SCORE_FUNCTIONS, HeadScores, LayerStats, ScoreSpec
 
 __all__ = ["Policy", "Watch", "record_scores", "watch", "zero_heads"]
 
@@ -129,6 +129,10 @@ class _Session:
         self._step: dict[int, tuple[torch.Tensor | None, torch.Tensor | None]] = {}
         self._raw: list[torch.Tensor] = []  # per finished forward: [len(RAW_STATS), B, n_layers, H]
         self._zeroed: list[torch.Tensor] = []
+        # What zeroed()/scores() last returned; concatenating every forward again on each read is O(rows).
+        self._zeroed_all: torch.Tensor | None = None
+        self._scores_all: HeadScores | None = None
+        self._scores_for: tuple[ScoreSpec, ...] = ()  # the registry _scores_all was derived with
         if policy is not None and policy.mask is not None and tuple(policy.mask.shape) != (self.n_layers, n_heads):
             raise ValueError(
                 f"mask has shape {tuple(policy.mask.shape)} but the model has {self.n_layers} layers x {n_heads} heads"
@@ -200,6 +204,7 @@ class _Session:
             batch = self._zeroed[-1].shape[0]
         self.rows_seen += batch
         self._step.clear()
+        self._zeroed_all = self._scores_all = None
 
     def _random(self, layer: int, batch: int) -> torch.Tensor:
         # One generator per (seed, row, layer): a row's draws do not depend on how rows were batched.
@@ -232,14 +237,24 @@ class _Session:
         self.flush()
         if self.policy is None:
             return None
-        if not self._zeroed:
-            return torch.zeros(0, self.n_layers, self.n_heads, dtype=torch.bool)
-        return torch.cat(self._zeroed)
+        if self._zeroed_all is None:
+            self._zeroed_all = (
+                torch.cat(self._zeroed)
+                if self._zeroed
+                else torch.zeros(0, self.n_layers, self.n_heads, dtype=torch.bool)
+            )
+        return self._zeroed_all
 
     def scores(self) -> HeadScores | None:
         self.flush()
         if not self.record:
             return None
+        specs = tuple(SCORE_FUNCTIONS.values())
+        if self._scores_all is None or specs != self._scores_for:  # a score registered since is derived too
+            self._scores_all, self._scores_for = self._all_scores(), specs
+        return self._scores_all
+
+    def _all_scores(self) -> HeadScores:
         if not self._raw:
             shape = (0, self.n_layers, self.n_heads)
             return HeadScores({n: torch.zeros(shape) for n in SCORE_FUNCTIONS})

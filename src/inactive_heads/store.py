@@ -19,6 +19,8 @@ from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
+from ._version import __version__
+
 __all__ = ["ResultStore", "atomic_write_bytes", "atomic_write_json", "atomic_write_text", "canonical_json", "cell_key"]
 
 try:
@@ -103,12 +105,6 @@ def canonical_json(obj: Any) -> str:
     return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=False)
 
 
-def _package_version() -> str:
-    from . import __version__
-
-    return __version__
-
-
 def cell_key(**fields: Any) -> str:
     """Content address of a sweep cell: sha256 (first 32 hex digits) of the canonical JSON of ``fields``.
 
@@ -116,7 +112,7 @@ def cell_key(**fields: Any) -> str:
     ``package_version`` is added from the installed package when not given, so a new version never reuses old cells.
     Floats key by their exact repr, so pass the threshold actually used, not a rounded copy.
     """
-    fields.setdefault("package_version", _package_version())
+    fields.setdefault("package_version", __version__)
     return hashlib.sha256(canonical_json(fields).encode("ascii")).hexdigest()[:32]
 
 

@@ -18,6 +18,7 @@ from typing import Any
 import torch
 
 from . import _compat, evaluation
+from ._version import __version__
 from .engine import Policy
 from .report import CELL_FIELDS
 from .scores import SCORE_FUNCTIONS, HeadScores
@@ -29,12 +30,6 @@ __all__ = ["calibrate", "model_identity", "sweep"]
 
 # Keys of the run that must match for cells of an existing run directory to be reused.
 _RUN_MATCH = ("model", "task", "shots", "limit", "seed", "package_version")
-
-
-def _version() -> str:
-    from . import __version__
-
-    return __version__
 
 
 def model_identity(model: torch.nn.Module) -> dict[str, Any]:
@@ -141,7 +136,7 @@ def calibrate(
         "shots": shots,
         "limit": limit,
         "seed": seed,
-        "package_version": _version(),
+        "package_version": __version__,
         "n_layers": n_layers,
         "n_heads": n_heads,
     }
