@@ -19,8 +19,6 @@ from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from ._version import __version__
-
 __all__ = ["ResultStore", "atomic_write_bytes", "atomic_write_json", "atomic_write_text", "canonical_json", "cell_key"]
 
 try:
@@ -112,7 +110,11 @@ def cell_key(**fields: Any) -> str:
     ``package_version`` is added from the installed package when not given, so a new version never reuses old cells.
     Floats key by their exact repr, so pass the threshold actually used, not a rounded copy.
     """
-    fields.setdefault("package_version", __version__)
+    if "package_version" not in fields:
+        # Imported here: store.py has no other import from the package, so it also loads as a lone file.
+        from ._version import __version__
+
+        fields["package_version"] = __version__
     return hashlib.sha256(canonical_json(fields).encode("ascii")).hexdigest()[:32]
 
 
