@@ -147,7 +147,7 @@ class _Session:
         mask: torch.Tensor | None,
         scale: float,
         softcap: float | None,
-        is_causal: bool = True,
+        is_causal: bool,
     ) -> torch.Tensor:
         layer = self.layers[id(module)]
         if layer in self._step:  # a layer seen twice means a new forward started
@@ -238,11 +238,8 @@ class _Session:
         if self.policy is None:
             return None
         if self._zeroed_all is None:
-            self._zeroed_all = (
-                torch.cat(self._zeroed)
-                if self._zeroed
-                else torch.zeros(0, self.n_layers, self.n_heads, dtype=torch.bool)
-            )
+            empty = torch.zeros(0, self.n_layers, self.n_heads, dtype=torch.bool)
+            self._zeroed_all = torch.cat(self._zeroed) if self._zeroed else empty
         return self._zeroed_all
 
     def scores(self) -> HeadScores | None:
