@@ -7,6 +7,7 @@ import io
 import json
 import re
 import shutil
+import sys
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -17,7 +18,7 @@ from _tiny import tiny_model, tiny_tokenizer
 import inactive_heads.evaluation as evaluation
 from inactive_heads import analysis
 from inactive_heads.cli import main
-from inactive_heads.scores import SCORE_FUNCTIONS, HeadScores
+from inactive_heads.scores import _SCORE_FUNCTIONS, SCORE_FUNCTIONS, HeadScores
 
 _RUN = ["--task", "recall", "--limit", "12", "--batch-size", "8"]
 _PLUGIN = """
@@ -43,7 +44,8 @@ def model_dirs(tmp_path_factory):
 @pytest.fixture
 def no_plugin_scores():
     yield
-    SCORE_FUNCTIONS.pop("ahon_sq", None)
+    _SCORE_FUNCTIONS.pop("ahon_sq", None)
+    sys.modules.pop("inactive_heads_plugin_my_scores", None)
 
 
 def _cells(run_dir: Path) -> list[dict]:

@@ -11,6 +11,7 @@ from _tiny import ARCHS, tiny_model, tiny_tokenizer
 
 import inactive_heads as ih
 from inactive_heads import attention as attention_module
+from inactive_heads.scores import _SCORE_FUNCTIONS
 
 TEXTS = ["The quick brown fox jumps over the lazy dog.", "Hi", "In 1905, Einstein wrote four papers.", "a b a b a b"]
 
@@ -271,6 +272,100 @@ def test_registered_score_is_recorded_and_drives_zeroing(tokenizer):
         assert torch.equal(run.zeroed[0, 0], scores["ahon_sq_test"][0, 0] < threshold)
         assert run.zeroed[0, 0].any() and not run.zeroed[0, 0].all()
     finally:
-        del ih.SCORE_FUNCTIONS["ahon_sq_test"]
+        del _SCORE_FUNCTIONS["ahon_sq_test"]
     with pytest.raises(ValueError, match="unknown raw statistics"):
         ih.register_score("bad", needs={"nope"})
+
+
+def _naive_attention(q, k, v, scale, causal):
+    k, v = (x.double().repeat_interleave(q.shape[1] // x.shape[1], dim=1) for x in (k, v))
+    logits = q.double() @ k.transpose(-1, -2) * scale
+    if causal:
+        logits = logits.masked_fill(~torch.ones(logits.shape[-2:], dtype=torch.bool).tril(), float("-inf"))
+    return torch.softmax(logits, -1) @ v
+
+
+@pytest.mark.parametrize("kernel", ["fused", "chunked"])
+@pytest.mark.parametrize("via", ["kwarg", "module"])
+def test_non_causal_call_matches_naive_eager_attention(monkeypatch, kernel, via):
+    """Without a mask, is_causal=False (as a kwarg, or on the module) attends to every key, as SDPA does."""
+    from inactive_heads.engine import _attention
+
+    if kernel == "chunked":
+        monkeypatch.setattr(attention_module, "_can_fuse", lambda query, softcap: False)
+    torch.manual_seed(0)
+    q, k, v = torch.randn(2, 4, 7, 8), torch.randn(2, 2, 7, 8), torch.randn(2, 2, 7, 8)
+    module = torch.nn.Module()
+    module.is_causal = via == "kwarg"  # a kwarg overrides the module's flag
+    kwargs = {"is_causal": False} if via == "kwarg" else {}
+    out, weights = _attention(module, q, k, v, None, scaling=0.3, **kwargs)
+    assert weights is None and out.shape == (2, 7, 4, 8)
+    expected = _naive_attention(q, k, v, 0.3, False).transpose(1, 2)
+    torch.testing.assert_close(out.double(), expected, rtol=1e-5, atol=1e-6)
+    causal, _ = _attention(torch.nn.Module(), q, k, v, None, scaling=0.3)  # neither says: causal, as SDPA
+    expected = _naive_attention(q, k, v, 0.3, True).transpose(1, 2)
+    torch.testing.assert_close(causal.double(), expected, rtol=1e-5, atol=1e-6)
+
+    needs = frozenset(RAW) - {"fhon", "random"}
+    _, stats, _ = attention_module.attention_with_stats(q, k, v, None, scale=0.3, needs=needs, is_causal=False)
+    kk = k.double().repeat_interleave(2, dim=1)
+    probs = torch.softmax(q.double() @ kk.transpose(-1, -2) * 0.3, -1)
+    o_norm = _naive_attention(q, k, v, 0.3, False).norm(dim=-1)
+    want_stats = {
+        "awft": probs[..., 0].mean(-1),
+        "aeqd": -(probs * probs.log()).sum(-1).mean(-1),
+        "ftvvn": v.double().repeat_interleave(2, dim=1)[:, :, 0].norm(dim=-1),
+        "avvn": v.double().repeat_interleave(2, dim=1).norm(dim=-1).mean(-1),
+        "lthon": o_norm[..., -1],
+        "ahon": o_norm.mean(-1),
+    }
+    for name, want in want_stats.items():
+        torch.testing.assert_close(getattr(stats, name).double(), want, rtol=1e-5, atol=1e-6, msg=name)
+
+
+def test_bidirectional_layers_match_sdpa(tokenizer):
+    """A model whose attention modules say is_causal=False runs as under SDPA, also inside a watch."""
+    model = tiny_model("llama")
+    ids = torch.tensor([tokenizer(TEXTS[0])["input_ids"]])
+    with torch.no_grad():
+        causal = model(input_ids=ids).logits
+        for layer in model.model.layers:
+            layer.self_attn.is_causal = False
+        expected = model(input_ids=ids).logits
+        assert not torch.allclose(expected, causal, atol=1e-3)  # SDPA did attend to later tokens
+        with ih.watch(model, record=True):
+            got = model(input_ids=ids).logits
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+
+
+def test_position_bias_is_refused():
+    from inactive_heads.engine import _attention
+
+    q = torch.randn(1, 2, 3, 4)
+    with pytest.raises(NotImplementedError, match="position bias"):
+        _attention(torch.nn.Module(), q, q, q, None, position_bias=torch.zeros(1, 2, 3, 3))
+
+
+def test_watch_results_are_cached_until_the_next_forward(tokenizer):
+    model = tiny_model("llama")
+    ids = torch.tensor([tokenizer(TEXTS[0])["input_ids"]])
+    with torch.no_grad(), ih.watch(model, ih.Policy(score="ahon_ln", threshold=1.0), record=True) as w:
+        model(input_ids=ids)
+        scores, zeroed = w.scores, w.zeroed
+        assert w.scores is scores and w.zeroed is zeroed  # no new forward: the same objects
+        model(input_ids=ids)
+        assert w.scores is not scores and w.zeroed is not zeroed
+        assert w.scores.shape[0] == w.zeroed.shape[0] == 2 and w.scores is w.scores and w.zeroed is w.zeroed
+        torch.testing.assert_close(w.scores["ahon"][:1], scores["ahon"])
+        assert torch.equal(w.zeroed[:1], zeroed) and scores.shape[0] == zeroed.shape[0] == 1
+        last_scores, last_zeroed = w.scores, w.zeroed
+    assert w.scores is last_scores and w.zeroed is last_zeroed  # readable after the block, still cached
+
+    @ih.register_score("ahon_cube_test", needs={"ahon"})
+    def ahon_cube(stats):
+        return stats.ahon**3
+
+    try:  # a score registered after a read is derived on the next read
+        torch.testing.assert_close(w.scores["ahon_cube_test"], last_scores["ahon"] ** 3)
+    finally:
+        del _SCORE_FUNCTIONS["ahon_cube_test"]

@@ -14,7 +14,7 @@ import inactive_heads as ih
 from inactive_heads.cli import main
 from inactive_heads.evaluation import evaluate
 from inactive_heads.loading import load_model
-from inactive_heads.scores import SCORE_FUNCTIONS, HeadScores
+from inactive_heads.scores import _SCORE_FUNCTIONS, HeadScores
 from inactive_heads.tasks import DataError, Item, Task, get_task
 
 DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
@@ -170,7 +170,7 @@ def test_broken_plugin_is_one_line_naming_the_file(tmp_path, capsys, source, mes
 @pytest.fixture
 def bad_score():
     yield "bad_score"
-    SCORE_FUNCTIONS.pop("bad_score", None)
+    _SCORE_FUNCTIONS.pop("bad_score", None)
 
 
 @pytest.mark.parametrize(

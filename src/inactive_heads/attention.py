@@ -10,8 +10,9 @@ Two kernels compute the same thing:
   query chunks, so extra memory is ``O(B * H * chunk * T)``.
 
 Rows are described by the mask alone: query ``i`` is real iff it may attend to its own position, a key is real iff
-some real query attends to it. That holds for left and right padding and for KV-cache decoding. No mask means
-PyTorch's ``is_causal`` (top-left aligned; every key when there is one query), as in transformers' SDPA path.
+some real query attends to it. That holds for left and right padding and for KV-cache decoding. As in transformers'
+SDPA path, a given mask decides alone; without one, ``is_causal`` means PyTorch's ``is_causal`` (top-left aligned;
+every key when there is one query) and ``is_causal=False`` attention to every key.
 """
 
 from __future__ import annotations
@@ -51,17 +52,17 @@ def _allowed(mask: torch.Tensor | None, batch: int, q_len: int, kv_len: int) -> 
     return mask.expand(batch, 1, q_len, kv_len)
 
 
-def _causal(q_len: int, kv_len: int, start: int, stop: int, device: torch.device) -> torch.Tensor:
-    """The implicit mask of queries start..stop-1 when no mask is given: bool [stop-start, T]."""
-    if q_len == 1:
-        return torch.ones(1, kv_len, dtype=torch.bool, device=device)
+def _causal(kv_len: int, start: int, stop: int, device: torch.device) -> torch.Tensor:
+    """The implicit causal mask of queries start..stop-1 when no mask is given: bool [stop-start, T]."""
     return torch.arange(kv_len, device=device)[None, :] <= torch.arange(start, stop, device=device)[:, None]
 
 
-def _rows(allowed: torch.Tensor | None, batch: int, q_len: int, kv_len: int, device: torch.device) -> _Rows:
+def _rows(
+    allowed: torch.Tensor | None, batch: int, q_len: int, kv_len: int, causal: bool, device: torch.device
+) -> _Rows:
     if allowed is None:
         real_q = torch.ones(batch, q_len, dtype=torch.bool, device=device)
-        reach = kv_len if q_len == 1 else q_len
+        reach = q_len if causal else kv_len
         real_k = (torch.arange(kv_len, device=device) < reach).expand(batch, kv_len)
     else:
         diag = torch.arange(q_len, device=device) + (kv_len - q_len)
@@ -91,10 +92,12 @@ def _fused(
     real_q: torch.Tensor,
     scale: float,
     want_ak: bool,
+    causal: bool,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """``causal``: the implicit mask when ``allowed`` is None; a given mask decides alone."""
     flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
-    q_len = q.shape[2]
-    causal = q_len > 1 and (allowed is None or _causal_on_real_rows(allowed, real_q))
+    if allowed is not None:
+        causal = q.shape[2] > 1 and _causal_on_real_rows(allowed, real_q)
     # The kernel takes only an additive mask of the query's dtype, which costs it ~1.7x over its own causal mode.
     # Right-padded batches are causal on every real query; what pad queries attend to is never read.
     mask = None
@@ -125,8 +128,9 @@ def _chunked_eager(
     scale: float,
     softcap: float | None,
     first_k: torch.Tensor,
+    causal: bool,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Returns output [B,H,S,Dv], entropy [B,H,S] and first-key weight [B,H,S]."""
+    """Returns output [B,H,S,Dv], entropy [B,H,S] and first-key weight [B,H,S]; ``causal`` as in :func:`_fused`."""
     batch, heads, q_len, _ = q.shape
     kv_len = k.shape[2]
     chunk = max(1, _CHUNK_ELEMENTS // max(1, batch * heads * kv_len))
@@ -134,11 +138,15 @@ def _chunked_eager(
     first_idx = first_k.view(-1, 1, 1, 1)
     for start in range(0, q_len, chunk):
         stop = min(q_len, start + chunk)
-        keep = _causal(q_len, kv_len, start, stop, q.device) if allowed is None else allowed[:, :, start:stop]
+        if allowed is not None:
+            keep = allowed[:, :, start:stop]
+        else:
+            keep = _causal(kv_len, start, stop, q.device) if causal else None
         logits = torch.matmul(q[:, :, start:stop], k.transpose(-1, -2)) * scale
         if softcap is not None:
             logits = torch.tanh(logits / softcap) * softcap
-        logits = logits.masked_fill(~keep, _NEG)
+        if keep is not None:
+            logits = logits.masked_fill(~keep, _NEG)
         lse = torch.logsumexp(logits, dim=-1, keepdim=True)
         probs = torch.exp(logits - lse)
         outs.append(torch.matmul(probs, v))
@@ -162,11 +170,13 @@ def attention_with_stats(
     needs: frozenset[str],
     softcap: float | None = None,
     gram: torch.Tensor | None = None,
+    is_causal: bool = True,
 ) -> tuple[torch.Tensor, LayerStats, _Rows]:
     """Attention of query [B,H,S,D] over key/value [B,Hkv,T,D] plus the raw statistics in ``needs``.
 
     Returns the float32 output [B,H,S,Dv] (before the output projection), the statistics (float32 [B,H] each;
     ``random`` is left to the caller) and the row description. ``gram`` [H,Dv,Dv] is needed for fhon.
+    ``is_causal`` applies only without ``attention_mask``: causal (top-left aligned) if True, else every key.
     """
     batch, heads, q_len, _ = query.shape
     kv_len = key.shape[2]
@@ -175,13 +185,14 @@ def attention_with_stats(
     k = key.to(torch.float32).repeat_interleave(groups, dim=1)
     v = value.to(torch.float32).repeat_interleave(groups, dim=1)
     allowed = _allowed(attention_mask, batch, q_len, kv_len)
-    rows = _rows(allowed, batch, q_len, kv_len, query.device)
+    causal = is_causal and q_len > 1  # one query attends to every key either way
+    rows = _rows(allowed, batch, q_len, kv_len, causal, query.device)
 
     entropy: torch.Tensor | None = None  # both set by either branch that runs when awft or aeqd is needed
     first_w: torch.Tensor | None = None
     if _can_fuse(query, softcap):
         out, lse, ak = _fused(
-            q.contiguous(), k.contiguous(), v.contiguous(), allowed, rows.real_q, scale, "aeqd" in needs
+            q.contiguous(), k.contiguous(), v.contiguous(), allowed, rows.real_q, scale, "aeqd" in needs, causal
         )
         if "aeqd" in needs:
             entropy = lse - scale * torch.linalg.vecdot(q, ak)
@@ -192,11 +203,11 @@ def attention_with_stats(
                 sees_first = allowed[:, 0].gather(2, rows.first_k.view(-1, 1, 1).expand(batch, q_len, 1))
                 first_w = first_w * sees_first.squeeze(-1)[:, None]
     elif needs & {"awft", "aeqd"} or query.device.type == "cpu":
-        out, entropy, first_w = _chunked_eager(q, k, v, allowed, scale, softcap, rows.first_k)
+        out, entropy, first_w = _chunked_eager(q, k, v, allowed, scale, softcap, rows.first_k, causal)
     else:  # neither probabilities nor lse needed: any fused kernel will do
         mask = None if allowed is None else torch.zeros(allowed.shape, device=q.device).masked_fill_(~allowed, _NEG)
         out = torch.nn.functional.scaled_dot_product_attention(
-            q, k, v, attn_mask=mask, is_causal=allowed is None and q_len > 1, scale=scale
+            q, k, v, attn_mask=mask, is_causal=allowed is None and causal, scale=scale
         )
 
     stats = LayerStats()

@@ -59,7 +59,11 @@ def _load_plugins(plugins: Sequence[str]) -> None:
             path = Path(plugin)
             if not path.is_file():
                 raise _UserError(f"plugin file {path} does not exist")
-            spec = importlib.util.spec_from_file_location(f"inactive_heads_plugin_{path.stem}", path)
+            name = f"inactive_heads_plugin_{path.stem}"
+            loaded = getattr(sys.modules.get(name), "__file__", None)
+            if loaded is not None and Path(loaded).resolve() == path.resolve():
+                continue  # loaded by an earlier call in this process; running it again would re-register its names
+            spec = importlib.util.spec_from_file_location(name, path)
             assert spec is not None and spec.loader is not None  # a .py path always has a source loader
             module = importlib.util.module_from_spec(spec)
             sys.modules[spec.name] = module
@@ -261,7 +265,7 @@ def _add_sweep_options(p: argparse.ArgumentParser, scores: str, targets: Sequenc
 
 
 def _parser() -> argparse.ArgumentParser:
-    from . import __version__
+    from ._version import __version__
     from .thresholds import DEFAULT_TARGETS
 
     parser = argparse.ArgumentParser(

@@ -22,16 +22,15 @@ from dataclasses import dataclass
 from typing import Any, cast
 
 import torch
-from transformers import AttentionInterface, PreTrainedModel
-from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
-from transformers.pytorch_utils import Conv1D
+from transformers import PreTrainedModel
 
+from . import _compat
 from .attention import attention_with_stats
-from .scores import RAW_STATS, SCORE_FUNCTIONS, HeadScores, LayerStats
+from .scores import RAW_STATS, SCORE_FUNCTIONS, HeadScores, LayerStats, ScoreSpec
 
 __all__ = ["Policy", "Watch", "record_scores", "watch", "zero_heads"]
 
-IMPLEMENTATION = "inactive_heads"
+_IMPLEMENTATION = "inactive_heads"
 _OUTPUT_PROJECTIONS = ("o_proj", "c_proj", "out_proj", "dense", "wo")
 _SESSIONS: dict[int, _Session] = {}  # id(attention module) -> the watch it belongs to
 
@@ -76,35 +75,42 @@ class Policy:
         return SCORE_FUNCTIONS[self.score].needs if self.score is not None else frozenset()
 
 
-def _register() -> None:
-    AttentionInterface.register(IMPLEMENTATION, _attention)
-    # Without a registered mask function transformers passes no mask at all, and causal masking would vanish.
-    AttentionMaskInterface.register(IMPLEMENTATION, sdpa_mask)
-
-
 def _attention(
     module: torch.nn.Module,
     query: torch.Tensor,
     key: torch.Tensor,
     value: torch.Tensor,
     attention_mask: torch.Tensor | None,
-    scaling: float | None = None,
     dropout: float = 0.0,
+    scaling: float | None = None,
+    is_causal: bool | None = None,
+    position_bias: torch.Tensor | None = None,
     **kwargs: Any,
 ) -> tuple[torch.Tensor, None]:
+    """The registered attention function, with the signature of transformers' ``sdpa_attention_forward``.
+
+    Causality follows SDPA's rule: a given mask decides alone; without one, ``is_causal`` (else the module's
+    ``is_causal``, else True) chooses between causal attention and attention to every key. ``dropout`` is not
+    applied: a :func:`watch` refuses a model in training mode.
+    """
     session = _SESSIONS.get(id(module))
     if kwargs.get("s_aux") is not None:
         raise NotImplementedError(
             f"{type(module).__name__} uses attention sinks (s_aux); inactive-heads does not support them yet"
         )
+    if position_bias is not None:
+        raise NotImplementedError(
+            f"{type(module).__name__} adds a position bias to its logits; inactive-heads does not support it yet"
+        )
     scale = query.shape[-1] ** -0.5 if scaling is None else float(scaling)
     softcap = kwargs.get("softcap")
+    causal = bool(is_causal if is_causal is not None else getattr(module, "is_causal", True))
     if session is None:  # the model was left on this implementation outside a watch: plain attention
         out, _, _ = attention_with_stats(
-            query, key, value, attention_mask, scale=scale, needs=frozenset(), softcap=softcap
+            query, key, value, attention_mask, scale=scale, needs=frozenset(), softcap=softcap, is_causal=causal
         )
         return out.to(query.dtype).transpose(1, 2).contiguous(), None
-    return session.attend(module, query, key, value, attention_mask, scale, softcap), None
+    return session.attend(module, query, key, value, attention_mask, scale, softcap, causal), None
 
 
 class _Session:
@@ -124,6 +130,10 @@ class _Session:
         self._step: dict[int, tuple[torch.Tensor | None, torch.Tensor | None]] = {}
         self._raw: list[torch.Tensor] = []  # per finished forward: [len(RAW_STATS), B, n_layers, H]
         self._zeroed: list[torch.Tensor] = []
+        # What zeroed()/scores() last returned; concatenating every forward again on each read is O(rows).
+        self._zeroed_all: torch.Tensor | None = None
+        self._scores_all: HeadScores | None = None
+        self._scores_for: tuple[ScoreSpec, ...] = ()  # the registry _scores_all was derived with
         if policy is not None and policy.mask is not None and tuple(policy.mask.shape) != (self.n_layers, n_heads):
             raise ValueError(
                 f"mask has shape {tuple(policy.mask.shape)} but the model has {self.n_layers} layers x {n_heads} heads"
@@ -138,6 +148,7 @@ class _Session:
         mask: torch.Tensor | None,
         scale: float,
         softcap: float | None,
+        is_causal: bool,
     ) -> torch.Tensor:
         layer = self.layers[id(module)]
         if layer in self._step:  # a layer seen twice means a new forward started
@@ -148,7 +159,7 @@ class _Session:
         needs = self.needs - {"random"}
         gram = self._gram(module, query.shape[1], value.shape[-1], value.device) if "fhon" in needs else None
         out, stats, rows = attention_with_stats(
-            query, key, value, mask, scale=scale, needs=needs, softcap=softcap, gram=gram
+            query, key, value, mask, scale=scale, needs=needs, softcap=softcap, gram=gram, is_causal=is_causal
         )
         if "random" in self.needs:
             stats.random = self._random(layer, batch).to(out.device)
@@ -195,6 +206,7 @@ class _Session:
             batch = self._zeroed[-1].shape[0]
         self.rows_seen += batch
         self._step.clear()
+        self._zeroed_all = self._scores_all = None
 
     def _random(self, layer: int, batch: int) -> torch.Tensor:
         # One generator per (seed, row, layer): a row's draws do not depend on how rows were batched.
@@ -227,14 +239,21 @@ class _Session:
         self.flush()
         if self.policy is None:
             return None
-        if not self._zeroed:
-            return torch.zeros(0, self.n_layers, self.n_heads, dtype=torch.bool)
-        return torch.cat(self._zeroed)
+        if self._zeroed_all is None:
+            empty = torch.zeros(0, self.n_layers, self.n_heads, dtype=torch.bool)
+            self._zeroed_all = torch.cat(self._zeroed) if self._zeroed else empty
+        return self._zeroed_all
 
     def scores(self) -> HeadScores | None:
         self.flush()
         if not self.record:
             return None
+        specs = tuple(SCORE_FUNCTIONS.values())
+        if self._scores_all is None or specs != self._scores_for:  # a score registered since is derived too
+            self._scores_all, self._scores_for = self._all_scores(), specs
+        return self._scores_all
+
+    def _all_scores(self) -> HeadScores:
         if not self._raw:
             shape = (0, self.n_layers, self.n_heads)
             return HeadScores({n: torch.zeros(shape) for n in SCORE_FUNCTIONS})
@@ -275,13 +294,9 @@ def _release_freed_memory() -> None:
 def _output_projection(module: torch.nn.Module, in_features: int) -> torch.Tensor:
     """The output projection's weight as [d_model, H*D], whatever the layer type (Linear, GPT-2 Conv1D)."""
     for name in _OUTPUT_PROJECTIONS:
-        proj = getattr(module, name, None)
-        weight = getattr(proj, "weight", None)
-        if isinstance(weight, torch.Tensor) and weight.dim() == 2:
-            if isinstance(proj, Conv1D):  # GPT-2 style: weight is stored [in, out]
-                weight = weight.T
-            if weight.shape[1] == in_features:
-                return weight
+        weight = _compat.linear_weight(getattr(module, name, None))
+        if weight is not None and weight.shape[1] == in_features:
+            return weight
     raise ValueError(
         f"cannot find the output projection of {type(module).__name__} (looked for {_OUTPUT_PROJECTIONS} with "
         f"{in_features} input features); fhon scores are unavailable for this architecture"
@@ -304,29 +319,6 @@ def _attention_modules(model: torch.nn.Module) -> dict[int, int]:
             f"{sorted(layers.values())}); inactive-heads supports transformers models built on AttentionInterface"
         )
     return layers
-
-
-def _configs(model: PreTrainedModel) -> list:
-    seen, out = set(), []
-    for module in model.modules():
-        config = getattr(module, "config", None)
-        if isinstance(module, PreTrainedModel) and id(config) not in seen:
-            seen.add(id(config))
-            out.append(config)
-            for key in getattr(config, "sub_configs", {}):
-                sub = getattr(config, key, None)
-                if sub is not None and id(sub) not in seen:
-                    seen.add(id(sub))
-                    out.append(sub)
-    return out
-
-
-def _n_heads(model: PreTrainedModel) -> int:
-    config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
-    for attr in ("num_attention_heads", "n_head", "num_heads"):
-        if isinstance(getattr(config, attr, None), int):
-            return getattr(config, attr)
-    raise ValueError(f"cannot read the number of attention heads from {type(config).__name__}")
 
 
 class Watch:
@@ -366,7 +358,7 @@ def watch(model: PreTrainedModel, policy: Policy | None = None, *, record: bool 
     """
     if not isinstance(model, PreTrainedModel):
         raise TypeError(f"expected a transformers PreTrainedModel, got {type(model).__name__}")
-    if not model._can_set_attn_implementation():
+    if not _compat.can_set_attn_implementation(model):
         raise NotImplementedError(
             f"{type(model).__name__} does not route attention through transformers' AttentionInterface, "
             "so inactive-heads cannot hook it"
@@ -376,21 +368,15 @@ def watch(model: PreTrainedModel, policy: Policy | None = None, *, record: bool 
     layers = _attention_modules(model)
     if any(i in _SESSIONS for i in layers):
         raise RuntimeError("this model is already inside a watch/zero_heads block; nesting is not supported")
-    session = _Session(layers, _n_heads(model), policy, record, policy.seed if policy else 0)
-    configs = _configs(model)
-    saved = [(c, c._attn_implementation_internal) for c in configs]
-    try:
-        model.set_attn_implementation(IMPLEMENTATION)
-        for c in configs:  # set_attn_implementation skips some sub-configs; the mask function reads each one
-            c._attn_implementation_internal = IMPLEMENTATION
-        _SESSIONS.update(dict.fromkeys(layers, session))
-        yield Watch(session)
-        session.flush()
-    finally:
-        for i in layers:
-            _SESSIONS.pop(i, None)
-        for c, impl in saved:
-            c._attn_implementation_internal = impl
+    session = _Session(layers, _compat.model_shape(model)[1], policy, record, policy.seed if policy else 0)
+    with _compat.set_attn_implementation(model, _IMPLEMENTATION):
+        try:
+            _SESSIONS.update(dict.fromkeys(layers, session))
+            yield Watch(session)
+            session.flush()
+        finally:
+            for i in layers:
+                _SESSIONS.pop(i, None)
 
 
 def zero_heads(
@@ -460,4 +446,4 @@ def pad_right(
     return input_ids.to(device), attention_mask.to(device)
 
 
-_register()
+_compat.register_attention(_IMPLEMENTATION, _attention)

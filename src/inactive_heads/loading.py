@@ -13,6 +13,8 @@ from urllib.parse import urlparse
 import torch
 import transformers
 
+from . import _compat
+
 __all__ = ["cache_dir", "file_sha256", "load_model"]
 
 _CACHE_ENV = "INACTIVE_HEADS_CACHE"
@@ -69,7 +71,7 @@ def load_model(
     model = model_cls.from_pretrained(source, dtype=dtype, device_map=device_map, local_files_only=offline)
     tokenizer = transformers.AutoTokenizer.from_pretrained(source, local_files_only=offline)
     if identity["format"] == "hub":
-        identity["revision"] = getattr(model.config, "_commit_hash", None)
+        identity["revision"] = _compat.commit_hash(model)
     # torch's stub types Module.__setattr__ for tensors and modules only; plain attributes are fine at run time.
     model.inactive_heads_source = identity  # type: ignore[assignment]
     return model.eval(), tokenizer
@@ -120,9 +122,7 @@ _ENCODER_HEADS = (
 
 def _check_decoder(spec: str | os.PathLike, config: transformers.PretrainedConfig) -> None:
     """Refuse, from the config alone, what is not a decoder-only language model."""
-    if type(config) not in transformers.AutoModelForCausalLM._model_mapping or getattr(
-        config, "is_encoder_decoder", False
-    ):
+    if not _compat.loads_as_causal_lm(config) or getattr(config, "is_encoder_decoder", False):
         raise ValueError(
             f"{spec} is a {type(config).__name__} model, which transformers cannot load as a decoder-only causal "
             "LM; inactive-heads needs a decoder-only language model"

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
+from . import _compat
 from .analysis import TABLE2_TOLERANCE, Curve, table2, zero_frequency
 from .scores import SCORE_FUNCTIONS, HeadScores
 from .store import ResultStore, atomic_write_json, package_version
@@ -65,10 +66,9 @@ def model_identity(model: torch.nn.Module) -> dict[str, Any]:
     digest = hashlib.sha256()
     for p in (params[0], params[len(params) // 2], params[-1]) if params else ():
         digest.update(p.detach().reshape(-1)[:4096].to("cpu", torch.float32).numpy().tobytes())
-    config = getattr(model, "config", None)
     return {
         "source": dict(source) if isinstance(source, dict) else None,
-        "name_or_path": getattr(config, "_name_or_path", ""),
+        "name_or_path": _compat.name_or_path(model),
         "class": type(model).__name__,
         "dtype": str(params[0].dtype) if params else "",
         "weights_sample_sha256": digest.hexdigest()[:16],

@@ -16,6 +16,7 @@ import json
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any, Literal
 
 import torch
@@ -107,15 +108,23 @@ class ScoreSpec:
         return score > threshold if self.inactive_when == "above" else score < threshold
 
 
-SCORE_FUNCTIONS: dict[str, ScoreSpec] = {}
+_SCORE_FUNCTIONS: dict[str, ScoreSpec] = {}
+#: name -> ScoreSpec of every registered score function (read-only; add one with :func:`register_score`).
+SCORE_FUNCTIONS: Mapping[str, ScoreSpec] = MappingProxyType(_SCORE_FUNCTIONS)
 
 
 def register_score(
-    name: str, *, label: str | None = None, inactive_when: InactiveWhen = "below", needs: Iterable[str] | None = None
+    name: str,
+    *,
+    label: str | None = None,
+    inactive_when: InactiveWhen = "below",
+    needs: Iterable[str] | None = None,
+    override: bool = False,
 ) -> Callable[[Callable[[LayerStats], torch.Tensor]], Callable[[LayerStats], torch.Tensor]]:
     """Decorator registering ``fn(stats: LayerStats) -> Tensor[batch, n_heads]`` under ``name``.
 
-    ``needs`` lists the raw statistics it reads (default: all), so a zeroing run computes only those.
+    ``needs`` lists the raw statistics it reads (default: all), so a zeroing run computes only those. A name that
+    is already registered raises ``ValueError`` unless ``override=True`` replaces its definition.
     """
     if inactive_when not in ("above", "below"):
         raise ValueError(f"inactive_when must be 'above' or 'below', got {inactive_when!r}")
@@ -125,7 +134,9 @@ def register_score(
         raise ValueError(f"unknown raw statistics {sorted(unknown)}; choose from {RAW_STATS}")
 
     def decorate(fn: Callable[[LayerStats], torch.Tensor]) -> Callable[[LayerStats], torch.Tensor]:
-        SCORE_FUNCTIONS[name] = ScoreSpec(name, label or name, inactive_when, fn, need_set)
+        if name in _SCORE_FUNCTIONS and not override:
+            raise ValueError(f"score {name!r} is already registered; pass override=True to replace it")
+        _SCORE_FUNCTIONS[name] = ScoreSpec(name, label or name, inactive_when, fn, need_set)
         return fn
 
     return decorate

@@ -112,8 +112,8 @@ def canonical_json(obj: Any) -> str:
 
 
 def package_version() -> str:
-    """The installed package's version (imported late: the package imports this module)."""
-    from . import __version__
+    """The installed package's version (imported here: store.py has no other import from the package)."""
+    from ._version import __version__
 
     return __version__
 

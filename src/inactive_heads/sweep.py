@@ -15,7 +15,7 @@ from typing import Any
 
 from transformers import PreTrainedModel
 
-from . import evaluation
+from . import _compat, evaluation
 from .engine import Policy
 from .rundir import Cell, RunDir, display_name, model_identity, run_record, task_fingerprint
 from .scores import SCORE_FUNCTIONS, HeadScores
@@ -24,15 +24,6 @@ from .tasks import Task, get_task
 from .thresholds import DEFAULT_TARGETS, check_targets, thresholds_for
 
 __all__ = ["calibrate", "sweep"]
-
-
-def _shape(model: PreTrainedModel) -> tuple[int, int]:
-    config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
-    layers = getattr(config, "num_hidden_layers", None) or getattr(config, "n_layer", None)
-    heads = getattr(config, "num_attention_heads", None) or getattr(config, "n_head", None)
-    if layers is None or heads is None:
-        raise ValueError(f"{type(config).__name__} names no layer or attention head count")
-    return int(layers), int(heads)
 
 
 def _task(task: str | Task, eval_kwargs: dict[str, Any]) -> Task:
@@ -66,7 +57,7 @@ def calibrate(
     run_dir = Path(run_dir)
     rd = RunDir(run_dir)
     task_obj = _task(task, eval_kwargs)
-    n_layers, n_heads = _shape(model)
+    n_layers, n_heads = _compat.model_shape(model)
     identity = model_identity(model)
     shots = task_obj.default_shots if shots is None else shots
     run = run_record(

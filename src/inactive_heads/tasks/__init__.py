@@ -19,6 +19,7 @@ import random
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import MappingProxyType
 from typing import Literal
 
 from ._data import DATA_ENV, DataError
@@ -182,19 +183,23 @@ class TaskSpec:
         return task
 
 
-#: name -> TaskSpec of every registered task.
-TASKS: dict[str, TaskSpec] = {}
+_TASKS: dict[str, TaskSpec] = {}
+#: name -> TaskSpec of every registered task (read-only; add one with :func:`register_task`).
+TASKS: Mapping[str, TaskSpec] = MappingProxyType(_TASKS)
 
 
 def register_task(
-    name: str, *, summary: str = "", sources: tuple[str, ...] = ("files", "hub")
+    name: str, *, summary: str = "", sources: tuple[str, ...] = ("files", "hub"), override: bool = False
 ) -> Callable[[Callable[[Path | None, str], Task]], Callable[[Path | None, str], Task]]:
-    """Decorator registering a loader ``fn(data_dir, source) -> Task`` under ``name``."""
+    """Decorator registering a loader ``fn(data_dir, source) -> Task`` under ``name``.
+
+    A name that is already registered raises ``ValueError`` unless ``override=True`` replaces its loader.
+    """
 
     def decorate(fn: Callable[[Path | None, str], Task]) -> Callable[[Path | None, str], Task]:
-        if name in TASKS:
-            raise ValueError(f"task {name!r} is already registered")
-        TASKS[name] = TaskSpec(name, fn, summary, sources)
+        if name in _TASKS and not override:
+            raise ValueError(f"task {name!r} is already registered; pass override=True to replace it")
+        _TASKS[name] = TaskSpec(name, fn, summary, sources)
         return fn
 
     return decorate

@@ -1,0 +1,125 @@
+"""Every use of transformers' private or version-dependent API, behind small functions.
+
+transformers renames private attributes and keyword arguments between releases; when one moves, this is the only
+module to change. Everything else in the package uses transformers' public API or these functions.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+import transformers
+from transformers import AttentionInterface, PretrainedConfig, PreTrainedModel
+from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+from transformers.pytorch_utils import Conv1D
+
+__all__: list[str] = []  # internal module
+
+_LAYER_ATTRS = ("num_hidden_layers", "n_layer", "num_layers")
+_HEAD_ATTRS = ("num_attention_heads", "n_head", "num_heads")
+
+
+def register_attention(name: str, fn: Callable[..., tuple[torch.Tensor, None]]) -> None:
+    """Register ``fn`` as attention implementation ``name``, with SDPA's mask function."""
+    AttentionInterface.register(name, fn)
+    # Without a registered mask function transformers passes no mask at all, and causal masking would vanish.
+    AttentionMaskInterface.register(name, sdpa_mask)
+
+
+def attn_implementation(model: PreTrainedModel) -> str | None:
+    """The attention implementation ``model`` runs now (``"sdpa"``, ``"eager"``, a registered name)."""
+    return model.config._attn_implementation
+
+
+def can_set_attn_implementation(model: PreTrainedModel) -> bool:
+    """Whether ``model`` routes attention through ``AttentionInterface`` (so another implementation can be set)."""
+    return model._can_set_attn_implementation()
+
+
+@contextlib.contextmanager
+def set_attn_implementation(model: PreTrainedModel, name: str) -> Iterator[None]:
+    """Run ``model`` (and every config it holds) on implementation ``name`` within the block; restored on exit,
+    also after an exception."""
+    configs = _configs(model)
+    saved = [(c, c._attn_implementation_internal) for c in configs]
+    try:
+        model.set_attn_implementation(name)
+        for c in configs:  # set_attn_implementation skips some sub-configs; the mask function reads each one
+            c._attn_implementation_internal = name
+        yield
+    finally:
+        for c, impl in saved:
+            c._attn_implementation_internal = impl
+
+
+def _configs(model: PreTrainedModel) -> list[PretrainedConfig]:
+    seen, out = set(), []
+    for module in model.modules():
+        config = getattr(module, "config", None)
+        if isinstance(module, PreTrainedModel) and id(config) not in seen:
+            seen.add(id(config))
+            out.append(config)
+            for key in getattr(config, "sub_configs", {}):
+                sub = getattr(config, key, None)
+                if sub is not None and id(sub) not in seen:
+                    seen.add(id(sub))
+                    out.append(sub)
+    return out
+
+
+def name_or_path(model: torch.nn.Module) -> str:
+    """The hub id or directory ``model`` was loaded from ('' when unknown)."""
+    return getattr(getattr(model, "config", None), "_name_or_path", "")
+
+
+def commit_hash(model: PreTrainedModel) -> str | None:
+    """The hub revision ``model`` was loaded at (None for local files)."""
+    return getattr(model.config, "_commit_hash", None)
+
+
+def loads_as_causal_lm(config: PretrainedConfig) -> bool:
+    """Whether ``AutoModelForCausalLM`` has a model class for ``config``."""
+    return type(config) in transformers.AutoModelForCausalLM._model_mapping
+
+
+def cache_kwarg(model: PreTrainedModel) -> str:
+    """The name of ``model.forward``'s KV-cache argument: ``cache`` in newer 5.x, ``past_key_values`` before."""
+    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+
+
+def output_cache(output: Any) -> Any:
+    """The KV cache a forward returned, under either name (see :func:`cache_kwarg`)."""
+    return output.cache if "cache" in output else output.past_key_values
+
+
+def text_config(model: PreTrainedModel) -> PretrainedConfig:
+    """The config of the language model inside ``model`` (the model's own config for a plain LM)."""
+    config = model.config
+    return config.get_text_config() if hasattr(config, "get_text_config") else config
+
+
+def model_shape(model: PreTrainedModel) -> tuple[int, int]:
+    """``(n_layers, n_heads)`` of the language model: its layer count and its number of query heads per layer."""
+    config = text_config(model)
+    return _int_attr(config, _LAYER_ATTRS, "layers"), _int_attr(config, _HEAD_ATTRS, "attention heads")
+
+
+def _int_attr(config: PretrainedConfig, names: tuple[str, ...], what: str) -> int:
+    for name in names:
+        value = getattr(config, name, None)
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+    raise ValueError(f"cannot read the number of {what} from {type(config).__name__} (looked for {names})")
+
+
+def linear_weight(layer: torch.nn.Module) -> torch.Tensor | None:
+    """The 2-D weight of a linear layer as [out_features, in_features] (GPT-2's Conv1D stores [in, out]); None if
+    ``layer`` has none."""
+    weight = getattr(layer, "weight", None)
+    if not isinstance(weight, torch.Tensor) or weight.dim() != 2:
+        return None
+    return weight.T if isinstance(layer, Conv1D) else weight
