@@ -19,6 +19,7 @@ import torch
 
 from . import evaluation
 from .engine import Policy
+from .evaluation import EvalConfig
 from .report import CELL_FIELDS
 from .scores import SCORE_FUNCTIONS, HeadScores
 from .store import ResultStore, atomic_write_json, cell_key
@@ -71,11 +72,11 @@ def _shape(model: torch.nn.Module) -> tuple[int, int]:
     return int(layers), int(heads)
 
 
-def _task(task: str | Task, eval_kwargs: dict[str, Any]) -> Task:
+def _task(task: str | Task, config: EvalConfig) -> Task:
     # Load once, so each cell does not re-read the files; evaluate() accepts the loaded Task.
     if isinstance(task, Task):
         return task
-    return get_task(task, eval_kwargs.get("data_dir"), eval_kwargs.get("source", "files"))
+    return get_task(task, config.data_dir, config.source)
 
 
 def _task_fingerprint(task: Task) -> str:
@@ -122,27 +123,27 @@ def calibrate(
     tokenizer: Any,
     task: str | Task,
     run_dir: str | Path,
+    config: EvalConfig | None = None,
     *,
-    shots: int | None = None,
-    limit: int | None = None,
-    seed: int = 0,
-    batch_size: int = 8,
     calibration_task: str | Task | None = None,
     calibration_limit: int | None = None,
     model_name: str | None = None,
-    **eval_kwargs: Any,
+    **options: Any,
 ) -> HeadScores:
     """Write ``run.json`` and record every score on the calibration items into ``calibration/``.
 
     Calibration runs ``evaluation.evaluate(..., record=True)`` on ``calibration_task`` (default: ``task``) with
-    ``calibration_limit`` items (default: ``limit``). An existing calibration of a matching run is reused.
-    ``eval_kwargs`` go to ``evaluate`` (``data_dir``, ``source``, ``apply_chat_template``, ...).
+    ``calibration_limit`` items (default: ``config.limit``). An existing calibration of a matching run is reused.
+    ``config``: the evaluation options (:class:`~inactive_heads.evaluation.EvalConfig`); ``options``: any of its
+    fields by name, applied on top.
     """
+    config = EvalConfig.from_options(config, **options)
     run_dir = Path(run_dir)
-    task_obj = _task(task, eval_kwargs)
+    task_obj = _task(task, config)
     n_layers, n_heads = _shape(model)
     identity = model_identity(model)
-    shots = task_obj.default_shots if shots is None else shots
+    config = config.replace(shots=config.shots_for(task_obj))
+    shots, limit, seed = config.shots, config.limit, config.seed
     run = {
         "model": {"name": model_name or _display_name(identity), "identity": identity},
         "task": task_obj.name,
@@ -153,11 +154,12 @@ def calibrate(
         "n_layers": n_layers,
         "n_heads": n_heads,
     }
-    cal_task = task_obj if calibration_task is None else _task(calibration_task, eval_kwargs)
+    cal_task = task_obj if calibration_task is None else _task(calibration_task, config)
     cal_limit = limit if calibration_limit is None else calibration_limit
     # Refuse bad settings before run.json exists: a rejected command must not claim the run directory.
-    evaluation.check_request(task_obj, shots, limit, seed)
-    evaluation.check_request(cal_task, shots, cal_limit, seed)
+    cal_config = config.replace(limit=cal_limit)
+    evaluation.check_request(task_obj, config)
+    evaluation.check_request(cal_task, cal_config)
     _write_run(run_dir, run)
     scores_path = run_dir / "calibration" / "scores.safetensors"
     meta_path = run_dir / "calibration" / "meta.json"
@@ -168,19 +170,8 @@ def calibrate(
             raise ValueError(f"{run_dir} holds a different calibration ({old}); use a new run directory")
         with contextlib.suppress(Exception):  # a torn or foreign file: record again
             return HeadScores.load(scores_path)
-    kwargs = {k: v for k, v in eval_kwargs.items() if k not in ("data_dir", "source")}
     t0 = time.perf_counter()
-    result = evaluation.evaluate(
-        model,
-        tokenizer,
-        cal_task,
-        shots=shots,
-        limit=cal_limit,
-        seed=seed,
-        batch_size=batch_size,
-        record=True,
-        **kwargs,
-    )
+    result = evaluation.evaluate(model, tokenizer, cal_task, cal_config, record=True)
     scores = result.scores
     if scores is None:
         raise RuntimeError("evaluate(record=True) returned no scores")
@@ -206,45 +197,43 @@ def sweep(
     tokenizer: Any,
     task: str | Task,
     run_dir: str | Path,
+    config: EvalConfig | None = None,
     *,
     scores: str | Sequence[str] = "all",
     targets: Iterable[float] = DEFAULT_TARGETS,
-    shots: int | None = None,
-    limit: int | None = None,
-    seed: int = 0,
-    batch_size: int = 8,
     calibration_task: str | Task | None = None,
     calibration_limit: int | None = None,
     model_name: str | None = None,
     progress: bool = True,
     on_cell: Callable[[str, dict[str, Any]], None] | None = None,
-    **eval_kwargs: Any,
+    **options: Any,
 ) -> list[dict[str, Any]]:
     """Calibrate (unless done), then evaluate the baseline and every (score, target) cell not already stored.
 
-    Each target ``p`` becomes a threshold from the pooled calibration CDF (:func:`thresholds_from_cdf`), evaluated
-    with ``Policy(score=name, threshold=t, seed=seed)``. ``on_cell(key, cell)`` is called after each new cell is
-    stored. Returns all cells of the grid (baseline first). Batch size is not part of a cell's key.
+    ``config``: the evaluation options (:class:`~inactive_heads.evaluation.EvalConfig`); ``options``: any of its
+    fields by name, applied on top. Each target ``p`` becomes a threshold from the pooled calibration CDF
+    (:func:`thresholds_from_cdf`), evaluated with ``Policy(score=name, threshold=t, seed=config.seed)``.
+    ``on_cell(key, cell)`` is called after each new cell is stored. Returns all cells of the grid (baseline
+    first). Batch size is not part of a cell's key.
     """
+    config = EvalConfig.from_options(config, **options)
     names = list(SCORE_FUNCTIONS) if scores == "all" else [scores] if isinstance(scores, str) else list(scores)
     unknown = [n for n in names if n not in SCORE_FUNCTIONS]
     if unknown:
         raise ValueError(f"scores {unknown} are not registered; registered: {', '.join(SCORE_FUNCTIONS)}")
     ps = check_targets(targets)  # before calibrate writes anything
     run_dir = Path(run_dir)
-    task_obj = _task(task, eval_kwargs)
-    shots = task_obj.default_shots if shots is None else shots
-    common = dict(shots=shots, limit=limit, seed=seed, batch_size=batch_size)
+    task_obj = _task(task, config)
+    config = config.replace(shots=config.shots_for(task_obj))
     cal = calibrate(
         model,
         tokenizer,
         task_obj,
         run_dir,
+        config,
         calibration_task=calibration_task,
         calibration_limit=calibration_limit,
         model_name=model_name,
-        **common,
-        **eval_kwargs,
     )
     run = json.loads((run_dir / "run.json").read_text(encoding="utf-8"))
     if any(n not in cal for n in names):  # registered after calibrating: derive from the recorded raw statistics
@@ -262,7 +251,6 @@ def sweep(
 
     store = ResultStore(run_dir / "cells", required=CELL_FIELDS)
     keys = [cell_key(**base_fields, score=s, threshold=t) for s, _, t in grid]
-    kwargs = {k: v for k, v in eval_kwargs.items() if k not in ("data_dir", "source")}
     n_layers, n_heads = run["n_layers"], run["n_heads"]
     done = sum(store.has(k) for k in set(keys))
     bar = None
@@ -278,8 +266,8 @@ def sweep(
             seen.add(key)
             if store.has(key):
                 continue
-            policy = None if score is None else Policy(score=score, threshold=threshold, seed=seed)
-            result = evaluation.evaluate(model, tokenizer, task_obj, policy=policy, **common, **kwargs)
+            policy = None if score is None else Policy(score=score, threshold=threshold, seed=config.seed)
+            result = evaluation.evaluate(model, tokenizer, task_obj, config, policy=policy)
             cell = {
                 "score": score,
                 "target": target,
