@@ -12,7 +12,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from inactive_heads.engine import Policy, record_scores, watch
-from inactive_heads.evaluation import EvalResult, _fill_rows, evaluate
+from inactive_heads.evaluation import EvalResult, evaluate
+from inactive_heads.evaluation.batching import _fill_rows
 from inactive_heads.tasks import Item, Task
 from inactive_heads.tasks.recall import recall_task
 

@@ -4,7 +4,7 @@ from . import analysis
 from ._version import __version__
 from .compare import compare_runs
 from .engine import Policy, Watch, record_scores, watch, zero_heads
-from .evaluation import EvalResult, evaluate
+from .evaluation import EvalConfig, EvalResult, evaluate
 from .loading import load_model
 from .report import write_report
 from .scores import SCORE_FUNCTIONS, HeadScores, LayerStats, register_score
@@ -16,6 +16,7 @@ __all__ = [
     "DEFAULT_TARGETS",
     "SCORE_FUNCTIONS",
     "TASKS",
+    "EvalConfig",
     "EvalResult",
     "HeadScores",
     "LayerStats",

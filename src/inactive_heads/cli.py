@@ -15,7 +15,10 @@ import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .evaluation import EvalConfig
 
 __all__ = ["main"]
 
@@ -118,18 +121,18 @@ def _load(args: argparse.Namespace) -> tuple[Any, Any]:
     return load_model(args.model, dtype, device_map=args.device_map)
 
 
-def _eval_kwargs(args: argparse.Namespace) -> dict[str, Any]:
-    return {
-        "shots": args.shots,
-        "limit": args.limit,
-        "seed": args.seed,
-        "batch_size": args.batch_size,
-        "calibration_task": args.calibration_task,
-        "calibration_limit": args.calibration_limit,
-        "data_dir": args.data_dir,
-        "source": args.source,
-        "apply_chat_template": args.chat_template,
-    }
+def _eval_config(args: argparse.Namespace) -> EvalConfig:
+    from .evaluation import EvalConfig
+
+    return EvalConfig(
+        shots=args.shots,
+        limit=args.limit,
+        seed=args.seed,
+        batch_size=args.batch_size,
+        data_dir=args.data_dir,
+        source=args.source,
+        apply_chat_template=args.chat_template,
+    )
 
 
 def _cmd_calibrate(args: argparse.Namespace) -> None:
@@ -137,7 +140,16 @@ def _cmd_calibrate(args: argparse.Namespace) -> None:
 
     model, tok = _load(args)
     run_dir = args.run_dir or _default_run_dir(args)
-    scores = calibrate(model, tok, args.task, run_dir, model_name=args.name, **_eval_kwargs(args))
+    scores = calibrate(
+        model,
+        tok,
+        args.task,
+        run_dir,
+        _eval_config(args),
+        calibration_task=args.calibration_task,
+        calibration_limit=args.calibration_limit,
+        model_name=args.name,
+    )
     rows, layers, heads = scores.shape
     print(f"calibrated {len(scores)} scores on {rows} rows x {layers} layers x {heads} heads -> {run_dir}")
 
@@ -150,10 +162,12 @@ def _run_sweep(args: argparse.Namespace, model: Any, tok: Any, run_dir: Path) ->
         tok,
         args.task,
         run_dir,
+        _eval_config(args),
         scores=args.scores,
         targets=args.targets,
+        calibration_task=args.calibration_task,
+        calibration_limit=args.calibration_limit,
         model_name=args.name,
-        **_eval_kwargs(args),
     )
 
 

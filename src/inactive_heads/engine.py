@@ -25,6 +25,7 @@ import torch
 from transformers import PreTrainedModel
 
 from . import _compat
+from ._tensors import inverse_permutation, pad_right
 from .attention import attention_with_stats
 from .scores import RAW_STATS, SCORE_FUNCTIONS, HeadScores, LayerStats, ScoreSpec
 
@@ -425,25 +426,9 @@ def record_scores(
             input_ids, attention_mask = pad_right(chunk, device=device)
             model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False, **head)
         parts = w.scores
-    assert parts is not None  # record=True
-    inverse = torch.empty(len(order), dtype=torch.long)
-    inverse[torch.tensor(order, dtype=torch.long)] = torch.arange(len(order))
-    result = parts.select(inverse)
+    result = parts.select(inverse_permutation(order))
     result.meta = {"n_texts": len(texts), "max_length": max_length}
     return result
-
-
-def pad_right(
-    sequences: Sequence[Sequence[int]], *, pad_id: int = 0, device: torch.device | str = "cpu"
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Right-pad token id lists into input_ids [B, S] and attention_mask [B, S] (real tokens keep positions 0..n-1)."""
-    width = max(len(s) for s in sequences)
-    input_ids = torch.full((len(sequences), width), pad_id, dtype=torch.long)
-    attention_mask = torch.zeros((len(sequences), width), dtype=torch.long)
-    for row, seq in enumerate(sequences):
-        input_ids[row, : len(seq)] = torch.as_tensor(list(seq), dtype=torch.long)
-        attention_mask[row, : len(seq)] = 1
-    return input_ids.to(device), attention_mask.to(device)
 
 
 _compat.register_attention(_IMPLEMENTATION, _attention)

@@ -106,7 +106,7 @@ def write_report(run_dirs: Iterable[str | Path], out_dir: str | Path) -> tuple[P
     for i, run in enumerate(runs):
         rows = run.table2()
         all_rows.append(rows)
-        cfg = run.run
+        cfg = {**run.run.get("evaluation", {}), **run.run}
         doc.h(2, f"{run.name} — {cfg.get('task')}")
         doc.p(
             f"shots {cfg.get('shots')}, limit {cfg.get('limit')}, seed {cfg.get('seed')}, "

@@ -2,11 +2,12 @@
 
 Layout::
 
-    run.json                        the run record, see RUN_FIELDS: {model: {name, identity}, task, shots, limit,
-                                     seed, package_version, n_layers, n_heads}
+    run.json                        the run record, see RUN_FIELDS: {model: {name, identity}, task, task_items,
+                                     evaluation (EvalConfig.identity()), package_version, n_layers, n_heads}
     calibration/scores.safetensors  HeadScores.save of the calibration pass
     calibration/meta.json           written last: its presence marks a complete calibration
-    cells/<key>.json                one finished cell, see :class:`Cell`; score is null for the baseline;
+    cells/<key>.json                one finished cell, see :class:`Cell`; score is null for the baseline; run is the
+                                     run_digest it was made for (cells of another run are never read);
                                      per_head is [L][H] fractions of rows in which the head was zeroed
 
 This module is the only one that knows these paths; the sweep writes through it and the report reads through it.
@@ -16,7 +17,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import re
+import warnings
 from dataclasses import MISSING, asdict, dataclass, field, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -27,7 +30,7 @@ import torch
 from . import _compat
 from .analysis import TABLE2_TOLERANCE, Curve, table2, zero_frequency
 from .scores import SCORE_FUNCTIONS, HeadScores
-from .store import ResultStore, atomic_write_json, package_version
+from .store import ResultStore, atomic_write_json, canonical_json, package_version
 
 if TYPE_CHECKING:
     from .evaluation import EvalResult
@@ -48,9 +51,10 @@ __all__ = [
     "task_fingerprint",
 ]
 
-RUN_FIELDS = ("model", "task", "shots", "limit", "seed", "package_version", "n_layers", "n_heads")
+RUN_FIELDS = ("model", "task", "task_items", "evaluation", "package_version", "n_layers", "n_heads")
 # Keys of the run that must match for cells of an existing run directory to be reused.
-_RUN_MATCH = ("model", "task", "shots", "limit", "seed", "package_version")
+# What the answers depend on: a run directory is reused only when all of it matches (see run_digest).
+_RUN_MATCH = ("model", "task", "task_items", "evaluation", "package_version")
 # What a cell needs to be drawn in a report; cells missing other fields still show.
 _REPORTED_FIELDS = ("score", "accuracy", "fraction_zeroed")
 
@@ -112,23 +116,30 @@ def run_record(
     name: str,
     identity: dict[str, Any],
     task: str,
-    shots: int,
-    limit: int | None,
-    seed: int,
+    task_items: str,
+    evaluation: dict[str, Any],
     n_layers: int,
     n_heads: int,
 ) -> dict[str, Any]:
-    """The content of ``run.json`` (keys in RUN_FIELDS order; the installed package version added)."""
+    """The content of ``run.json``: ``evaluation`` is ``EvalConfig.identity()`` (every option that changes an
+    answer), ``task_items`` the fingerprint of the task's items; the installed package version is added."""
     return {
         "model": {"name": name, "identity": identity},
         "task": task,
-        "shots": shots,
-        "limit": limit,
-        "seed": seed,
+        "task_items": task_items,
+        "evaluation": evaluation,
         "package_version": package_version(),
         "n_layers": n_layers,
         "n_heads": n_heads,
     }
+
+
+def run_digest(run: dict[str, Any]) -> str:
+    """The identity of a run: a hash of everything in its record that changes an answer. Cells and the
+    calibration carry it, so a directory whose run.json was replaced or deleted never mixes two runs."""
+    match = {k: run.get(k) for k in _RUN_MATCH}
+    match["model"] = (run.get("model") or {}).get("identity")  # the display name does not change an answer
+    return hashlib.sha256(canonical_json(match).encode()).hexdigest()[:16]
 
 
 def _is_number(v: Any) -> bool:
@@ -153,6 +164,7 @@ _CELL_TYPES = {
     "n_items": lambda v: isinstance(v, int) and not isinstance(v, bool),
     "seconds": _is_number,
     "per_item": lambda v: v is None or isinstance(v, dict),
+    "run": lambda v: v is None or isinstance(v, str),
 }
 
 
@@ -178,6 +190,7 @@ class Cell:
     n_items: int
     seconds: float
     per_item: dict[str, Any] | None = field(default=None)
+    run: str | None = field(default=None)  # run_digest of the run it was computed for
 
     @classmethod
     def from_result(
@@ -189,6 +202,7 @@ class Cell:
         threshold: float | None,
         n_layers: int,
         n_heads: int,
+        run: str | None = None,
     ) -> Cell:
         """The cell of one evaluation (``score`` None: the baseline, which zeroes nothing)."""
         per_layer, per_head = result.zeroed_per_layer, result.zeroed_per_head
@@ -214,13 +228,15 @@ class Cell:
                 "pred_norm": result.pred_norm,
                 "loglikelihoods": result.loglikelihoods,
             },
+            run=run,
         )
 
     def to_json(self) -> dict[str, Any]:
         """The stored JSON object (``per_item`` only when present)."""
         out = asdict(self)
-        if out["per_item"] is None:
-            del out["per_item"]
+        for optional in ("per_item", "run"):
+            if out[optional] is None:
+                del out[optional]
         return out
 
     @classmethod
@@ -283,6 +299,16 @@ class RunDir:
                 raise ValueError(f"{self.root} holds a different run (differs in {diff}); use a new run directory")
             return
         atomic_write_json(self.run_path, run)
+
+    def check_writable(self) -> None:
+        """Raise a one-line PermissionError/OSError now, not after the first cell has been computed."""
+        self.cells_path.mkdir(parents=True, exist_ok=True)
+        probe = self.cells_path / f".write-test-{os.getpid()}"
+        try:
+            probe.write_bytes(b"")
+        except OSError as e:
+            raise OSError(e.errno, f"cannot write into run directory {self.root} ({e.strerror})") from None
+        probe.unlink()
 
     def read_meta(self) -> dict[str, Any] | None:
         """The calibration's meta record; None when no calibration has completed."""
@@ -370,6 +396,14 @@ def load_run(run_dir: str | Path) -> RunData:
     """Read a run directory (see the module docstring). Corrupt or partial cells are skipped."""
     rd = RunDir(run_dir)
     run = rd.read_run()
-    cells = [cell for _, cell in ResultStore(rd.cells_path, required=_REPORTED_FIELDS).items()]
+    digest = run_digest(run)
+    cells, foreign = [], 0
+    for _, cell in ResultStore(rd.cells_path, required=_REPORTED_FIELDS).items():
+        if cell.get("run") == digest:
+            cells.append(cell)
+        else:
+            foreign += 1
+    if foreign:
+        warnings.warn(f"{rd.root}: ignored {foreign} cell(s) made for another run", stacklevel=2)
     meta = rd.read_meta()
     return RunData(rd.root, run, cells, rd.read_scores(), {} if meta is None else meta)
