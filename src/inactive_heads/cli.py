@@ -312,7 +312,7 @@ def _parser() -> argparse.ArgumentParser:
     p = add("compare", "Wasserstein distances between two runs' score distributions")
     p.add_argument("run_a", type=Path)
     p.add_argument("run_b", type=Path)
-    p.add_argument("-o", "--out", type=Path, default=None, help="where the figure goes (default: RUN_A)")
+    p.add_argument("-o", "--out", type=Path, default=Path("."), help="where the figure goes (default: here)")
     p.set_defaults(fn=_cmd_compare)
 
     p = add("list", "registered score functions and tasks")

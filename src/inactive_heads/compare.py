@@ -22,7 +22,7 @@ def compare_runs(
 
     Per score function: pooled W1 and W1 per layer (per relative-depth bin when layer counts differ, see
     :func:`inactive_heads.analysis.wasserstein_table`). The figure (W1 vs relative depth, one line per score) goes
-    to ``out_dir`` (default: ``run_a``'s directory) as ``compare_<a>_vs_<b>.png``.
+    to ``out_dir`` (default: the working directory; run directories are only read) as ``compare_<a>_vs_<b>.png``.
     """
     a = run_a if isinstance(run_a, RunData) else load_run(run_a)
     b = run_b if isinstance(run_b, RunData) else load_run(run_b)
@@ -45,7 +45,7 @@ def compare_runs(
     ax.set_title(f"{a.name} vs {b.name}: per-depth score distance")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7, ncol=2)
-    path = Path(out_dir) if out_dir is not None else a.dir
+    path = Path(out_dir) if out_dir is not None else Path.cwd()
     fig_path = path / f"compare_{slug(a.name)}_vs_{slug(b.name)}.png"
     atomic_write_bytes(fig_path, png(fig))
     return text, fig_path

@@ -34,6 +34,19 @@ def _task(task: str | Task, config: EvalConfig) -> Task:
     return get_task(task, config.data_dir, config.source)
 
 
+def _check_calibration(rd: RunDir, wanted: dict[str, Any]) -> bool:
+    """Whether ``rd`` holds a finished calibration for ``wanted``; ValueError when it holds another one."""
+    old = rd.read_meta() if rd.scores_path.is_file() else None
+    if old is None:
+        return False
+    if any(old.get(k) != v for k, v in wanted.items()):
+        raise ValueError(
+            f"{rd.root} holds a calibration made for another run or other calibration items/options; "
+            "use a new run directory"
+        )
+    return True
+
+
 def calibrate(
     model: PreTrainedModel,
     tokenizer: Any,
@@ -74,23 +87,18 @@ def calibrate(
     # Refuse bad settings before run.json exists: a rejected command must not claim the run directory.
     evaluation.check_request(task_obj, config)
     evaluation.check_request(cal_task, cal_config)
-    rd.check_writable()
-    rd.write_run(run)
     wanted = {
         "run": run_digest(run),
         "task": cal_task.name,
         "task_items": task_fingerprint(cal_task),
         "evaluation": cal_config.identity(),
     }
+    _check_calibration(rd, wanted)  # before run.json: a refused run must not claim the directory
+    rd.check_writable()
+    rd.write_run(run)
     store = rd.cell_store()
     with store.claim("calibration", wait=True):  # a concurrent run waits for the calibration instead of repeating it
-        old = rd.read_meta() if rd.scores_path.is_file() else None
-        if old is not None:
-            if any(old.get(k) != v for k, v in wanted.items()):
-                raise ValueError(
-                    f"{rd.root} holds a calibration made for another run or other calibration items/options; "
-                    "use a new run directory"
-                )
+        if _check_calibration(rd, wanted):
             with contextlib.suppress(Exception):  # a torn or foreign file: record again
                 return HeadScores.load(rd.scores_path)
         t0 = time.perf_counter()
