@@ -105,7 +105,7 @@ def test_guarantee_rerun_with_another_answer_changing_option_is_refused(tmp_path
     tok = tiny_tokenizer()
     tok.chat_template = "{% for m in messages %}{{ m['content'] }}\n{% endfor %}"
     assert len(_sweep(tmp_path, tok=tok)) == 2
-    with pytest.raises(ValueError, match="another run"):
+    with pytest.raises(ValueError, match=r"different run \(differs in \[.evaluation.\]\)"):
         _sweep(tmp_path, tok=tok, apply_chat_template=True)
     assert _sweep(tmp_path, tok=tok, batch_size=3) == []  # batch size does not change an answer: all reused
 

@@ -10,7 +10,7 @@ from inactive_heads.analysis import Curve, common_fraction_range, max_zeroed_wit
 from inactive_heads.compare import compare_runs
 from inactive_heads.document import render_table
 from inactive_heads.report import _pairwise_w1, write_report
-from inactive_heads.rundir import CELL_FIELDS, load_run
+from inactive_heads.rundir import CELL_FIELDS, load_run, run_digest
 from inactive_heads.scores import SCORE_FUNCTIONS, HeadScores
 from inactive_heads.store import ResultStore, atomic_write_json, cell_key
 
@@ -22,19 +22,17 @@ _SHAPES = {"ahon": (0.15, 1.0), "awft": (0.05, 2.0), "ahon_ln": (0.22, 0.5), "ra
 def _make_run(root, name, n_layers, n_heads, seed, baseline=0.62):
     g = torch.Generator().manual_seed(seed)
     run_dir = root / name
-    atomic_write_json(
-        run_dir / "run.json",
-        {
-            "model": {"name": name, "identity": {"format": "hub", "spec": name}},
-            "task": "piqa",
-            "shots": 0,
-            "limit": 50,
-            "seed": seed,
-            "package_version": "0.1.0",
-            "n_layers": n_layers,
-            "n_heads": n_heads,
-        },
-    )
+    run = {
+        "model": {"name": name, "identity": {"format": "hub", "spec": name}},
+        "task": "piqa",
+        "shots": 0,
+        "limit": 50,
+        "seed": seed,
+        "package_version": "0.1.0",
+        "n_layers": n_layers,
+        "n_heads": n_heads,
+    }
+    atomic_write_json(run_dir / "run.json", run)
     scores = HeadScores({n: torch.rand(16, n_layers, n_heads, generator=g) + seed for n in _SHAPES}, {"rows": 16})
     scores.save(run_dir / "calibration" / "scores.safetensors")
     atomic_write_json(run_dir / "calibration" / "meta.json", {"task": "piqa", "rows": 16})
@@ -42,6 +40,7 @@ def _make_run(root, name, n_layers, n_heads, seed, baseline=0.62):
     base_cell = dict.fromkeys(CELL_FIELDS)
     base_cell.update(accuracy=baseline, acc_norm=baseline, mean_ll_correct=-1.0, fraction_zeroed=0.0, n_items=50)
     base_cell.update(per_layer=[0.0] * n_layers, per_head=[[0.0] * n_heads] * n_layers, seconds=1.0)
+    base_cell["run"] = run_digest(run)
     store.put(cell_key(model=name, score=None), base_cell)
     rng = np.random.default_rng(seed)
     for score, (knee, slope) in _SHAPES.items():
@@ -62,6 +61,7 @@ def _make_run(root, name, n_layers, n_heads, seed, baseline=0.62):
                 "per_head": per_head,
                 "n_items": 50,
                 "seconds": 2.0,
+                "run": run_digest(run),
             }
             store.put(cell_key(model=name, score=score, threshold=0.1 * p), cell)
     (run_dir / "cells" / "deadbeef.json").write_text('{"score": "ahon", "accur')  # a torn file must be ignored

@@ -77,7 +77,15 @@ def test_malformed_cell_is_not_done_and_is_never_written(tmp_path):
 
 
 def _run(**changes):
-    fields = dict(name="m", identity={"class": "M"}, task="piqa", shots=0, limit=8, seed=0, n_layers=2, n_heads=2)
+    fields = dict(
+        name="m",
+        identity={"class": "M"},
+        task="piqa",
+        task_items="abc",
+        evaluation={"shots": 0, "limit": 8, "seed": 0},
+        n_layers=2,
+        n_heads=2,
+    )
     return run_record(**{**fields, **changes})
 
 
@@ -87,8 +95,8 @@ def test_run_record_is_written_once_and_must_match(tmp_path):
     rd.write_run(_run())
     rd.write_run(_run())  # the same run again: run.json stays
     assert rd.read_run() == _run()
-    with pytest.raises(ValueError, match=r"differs in \['limit'\]"):
-        rd.write_run(_run(limit=9))
+    with pytest.raises(ValueError, match=r"differs in \['evaluation'\]"):
+        rd.write_run(_run(evaluation={"shots": 0, "limit": 9, "seed": 0}))
     with pytest.raises(ValueError, match="lacks"):
         RunDir(tmp_path / "other").write_run({"task": "piqa"})
 

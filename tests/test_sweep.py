@@ -116,5 +116,5 @@ def test_same_task_name_with_other_items_is_refused(tmp_path):
     model, tok, task = _toy()
     sweep(model, tok, task, tmp_path, scores=["ahon"], targets=[0.0], limit=2, progress=False)
     other = Task("toy", [Item(f"x{i}", (f"Other question {i}",), (" a", " b"), 1) for i in range(4)])
-    with pytest.raises(ValueError, match="different calibration"):
+    with pytest.raises(ValueError, match=r"different run \(differs in \['task_items'\]\)"):
         sweep(model, tok, other, tmp_path, scores=["ahon"], targets=[0.0], limit=2, progress=False)

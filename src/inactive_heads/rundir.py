@@ -285,20 +285,23 @@ class RunDir:
             raise FileNotFoundError(f"{self.root} is not a run directory: no run.json")
         return json.loads(self.run_path.read_text(encoding="utf-8"))
 
-    def write_run(self, run: dict[str, Any]) -> None:
-        """Write ``run.json``, or check that the existing one describes the same run (ValueError when not)."""
+    def check_run(self, run: dict[str, Any]) -> bool:
+        """Whether ``run.json`` exists; ValueError when it describes another run (naming what differs)."""
         missing = [k for k in RUN_FIELDS if k not in run]
         if missing:
             raise ValueError(f"run record lacks {missing}")
-        if self.run_path.is_file():
-            old = json.loads(self.run_path.read_text(encoding="utf-8"))
-            diff = [
-                k for k in _RUN_MATCH if json.dumps(old.get(k), sort_keys=True) != json.dumps(run[k], sort_keys=True)
-            ]
-            if diff:
-                raise ValueError(f"{self.root} holds a different run (differs in {diff}); use a new run directory")
-            return
-        atomic_write_json(self.run_path, run)
+        if not self.run_path.is_file():
+            return False
+        old = json.loads(self.run_path.read_text(encoding="utf-8"))
+        diff = [k for k in _RUN_MATCH if json.dumps(old.get(k), sort_keys=True) != json.dumps(run[k], sort_keys=True)]
+        if diff:
+            raise ValueError(f"{self.root} holds a different run (differs in {diff}); use a new run directory")
+        return True
+
+    def write_run(self, run: dict[str, Any]) -> None:
+        """Write ``run.json``, or check that the existing one describes the same run (ValueError when not)."""
+        if not self.check_run(run):
+            atomic_write_json(self.run_path, run)
 
     def check_writable(self) -> None:
         """Raise a one-line PermissionError/OSError now, not after the first cell has been computed."""

@@ -93,6 +93,7 @@ def calibrate(
         "task_items": task_fingerprint(cal_task),
         "evaluation": cal_config.identity(),
     }
+    rd.check_run(run)
     _check_calibration(rd, wanted)  # before run.json: a refused run must not claim the directory
     rd.check_writable()
     rd.write_run(run)
