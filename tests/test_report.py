@@ -196,7 +196,7 @@ def test_compare_runs_across_layer_counts(runs, tmp_path):
 def test_render_table_formats():
     header, rows = ["score", "a|b", "n"], [["ahon", "x<y", "1.5"], ["random", "", "12.25"]]
     assert render_table(header, rows) == (
-        "| score | a\\|b | n |\n|---|---|---|\n| ahon | x<y | 1.5 |\n| random |  | 12.25 |"
+        "| score | a\\|b | n |\n|---|---|---|\n| ahon | x&lt;y | 1.5 |\n| random |  | 12.25 |"
     )
     assert render_table(header, rows, fmt="html") == (
         "<table><thead><tr><th>score</th><th>a|b</th><th>n</th></tr></thead><tbody>"
@@ -213,3 +213,14 @@ def test_render_table_formats():
         render_table(header, rows, fmt="text", align="lr")
     with pytest.raises(ValueError, match="format"):
         render_table(header, rows, fmt="latex")  # type: ignore[arg-type]
+
+
+def test_markdown_escapes_raw_html_from_names():
+    from inactive_heads.document import Document
+
+    doc = Document()
+    doc.h(2, "<img src=x onerror=alert(1)> — piqa")
+    doc.p("model <script>x</script> & co")
+    md = doc.markdown()
+    assert "<img" not in md and "<script>" not in md
+    assert "&lt;img src=x onerror=alert(1)&gt;" in md and "&amp; co" in md

@@ -9,7 +9,7 @@ from __future__ import annotations
 import contextlib
 import inspect
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, cast
 
 import torch
 import transformers
@@ -57,10 +57,11 @@ def set_attn_implementation(model: PreTrainedModel, name: str) -> Iterator[None]
 
 
 def _configs(model: PreTrainedModel) -> list[PretrainedConfig]:
-    seen, out = set(), []
+    seen: set[int] = set()
+    out: list[PretrainedConfig] = []
     for module in model.modules():
         config = getattr(module, "config", None)
-        if isinstance(module, PreTrainedModel) and id(config) not in seen:
+        if isinstance(module, PreTrainedModel) and config is not None and id(config) not in seen:
             seen.add(id(config))
             out.append(config)
             for key in getattr(config, "sub_configs", {}):
@@ -84,6 +85,12 @@ def commit_hash(model: PreTrainedModel) -> str | None:
 def loads_as_causal_lm(config: PretrainedConfig) -> bool:
     """Whether ``AutoModelForCausalLM`` has a model class for ``config``."""
     return type(config) in transformers.AutoModelForCausalLM._model_mapping
+
+
+def input_embedding_weight(model: PreTrainedModel) -> torch.Tensor:
+    """The input embedding matrix: its device and dtype are where and in what the model computes."""
+    # transformers types get_input_embeddings() as nn.Module, whose attributes the stubs type as Tensor | Module.
+    return cast(torch.Tensor, model.get_input_embeddings().weight)
 
 
 def cache_kwarg(model: PreTrainedModel) -> str:

@@ -138,6 +138,7 @@ def _chunked_eager(
     first_idx = first_k.view(-1, 1, 1, 1)
     for start in range(0, q_len, chunk):
         stop = min(q_len, start + chunk)
+        keep: torch.Tensor | None
         if allowed is not None:
             keep = allowed[:, :, start:stop]
         else:

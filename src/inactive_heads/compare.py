@@ -31,12 +31,12 @@ def compare_runs(
     pooled = wasserstein_table(a.scores, b.scores)
     per = wasserstein_table(a.scores, b.scores, per_layer=True)
     header = ["score", "W1 pooled", "W1 per depth (mean)", "W1 per depth (max)"]
-    rows = [[n, f"{d:.4g}", f"{np.mean(per[n]):.4g}", f"{np.max(per[n]):.4g}"] for n, d in pooled.items()]  # type: ignore[index]
+    rows = [[n, f"{d:.4g}", f"{np.mean(per[n]):.4g}", f"{np.max(per[n]):.4g}"] for n, d in pooled.items()]
     text = f"W1 between calibration scores of {a.name} and {b.name}\n\n" + render_table(header, rows) + "\n"
     fig = figure(7, 4.2)
     ax = fig.add_subplot()
     for n in pooled:
-        vals = per[n]  # type: ignore[index]
+        vals = per[n]
         depth = (np.arange(len(vals)) + 0.5) / len(vals)
         ax.plot(depth, vals, marker="o", ms=3, lw=1.2, color="black" if n == "random" else None, label=score_label(n))
     ax.set_xlabel("relative depth")

@@ -24,12 +24,13 @@ _STYLE = (
 def render_table(
     header: Sequence[str], rows: Sequence[Sequence[str]], fmt: _TableFormat = "markdown", align: str | None = None
 ) -> str:
-    """A table of strings as Markdown (pipes escaped), plain text or an HTML ``<table>`` (escaped); no final newline.
+    """A table of strings as Markdown (pipes, HTML escaped), text or an HTML ``<table>`` (escaped); no final newline.
 
     ``align`` (text only): one ``l`` or ``r`` per column, padding each column to its widest cell; default all ``l``.
     """
     if fmt == "markdown":
-        esc = [[c.replace("|", "\\|") for c in r] for r in [header, *rows]]
+        # Markdown renders raw HTML: a model named "<img ...>" must stay text, as in the HTML report.
+        esc = [[html.escape(c, quote=False).replace("|", "\\|") for c in r] for r in [header, *rows]]
         lines = ["| " + " | ".join(r) + " |" for r in esc]
         lines.insert(1, "|" + "|".join("---" for _ in header) + "|")
         return "\n".join(lines)
@@ -74,11 +75,11 @@ class Document:
         out = []
         for kind, val in self.blocks:
             if kind == "h":
-                out.append("#" * val[0] + " " + val[1])
+                out.append("#" * val[0] + " " + html.escape(val[1], quote=False))
             elif kind == "p":
-                out.append(val)
+                out.append(html.escape(val, quote=False))
             elif kind == "table":
-                out.append(render_table(*val, fmt="markdown"))
+                out.append(render_table(val[0], val[1], fmt="markdown"))
             else:
                 out.append(f"![{val[1]}]({val[0]})")
         return "\n\n".join(out) + "\n"
@@ -92,7 +93,7 @@ class Document:
             elif kind == "p":
                 body.append(f"<p>{e(val)}</p>")
             elif kind == "table":
-                body.append(render_table(*val, fmt="html"))
+                body.append(render_table(val[0], val[1], fmt="html"))
             else:
                 data = base64.b64encode(self.images[val[0]]).decode("ascii")
                 body.append(f'<figure><img alt="{e(val[1])}" src="data:image/png;base64,{data}"></figure>')

@@ -58,9 +58,10 @@ class Policy:
             if self.threshold is None:
                 raise ValueError(f"score={self.score!r} needs threshold=")
             # A NaN threshold passes no head and a string fails only inside the first forward: refuse both here.
-            if isinstance(self.threshold, bool) or not isinstance(self.threshold, numbers.Real):
-                raise TypeError(f"threshold must be a number, got {type(self.threshold).__name__} {self.threshold!r}")
-            if not math.isfinite(self.threshold):
+            threshold: object = self.threshold  # annotated float, but callers pass anything
+            if isinstance(threshold, bool) or not isinstance(threshold, numbers.Real):
+                raise TypeError(f"threshold must be a number, got {type(threshold).__name__} {threshold!r}")
+            if not math.isfinite(threshold):
                 raise ValueError(f"threshold must be a finite number, got {self.threshold!r}")
         elif self.threshold is not None:
             raise ValueError("threshold= applies to score=, not to a static mask=")
@@ -295,7 +296,8 @@ def _release_freed_memory() -> None:
 def _output_projection(module: torch.nn.Module, in_features: int) -> torch.Tensor:
     """The output projection's weight as [d_model, H*D], whatever the layer type (Linear, GPT-2 Conv1D)."""
     for name in _OUTPUT_PROJECTIONS:
-        weight = _compat.linear_weight(getattr(module, name, None))
+        layer = getattr(module, name, None)
+        weight = _compat.linear_weight(layer) if isinstance(layer, torch.nn.Module) else None
         if weight is not None and weight.shape[1] == in_features:
             return weight
     raise ValueError(
@@ -426,6 +428,7 @@ def record_scores(
             input_ids, attention_mask = pad_right(chunk, device=device)
             model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False, **head)
         parts = w.scores
+    assert parts is not None  # record=True
     result = parts.select(inverse_permutation(order))
     result.meta = {"n_texts": len(texts), "max_length": max_length}
     return result

@@ -25,7 +25,7 @@ def _best_cell(run: RunData, rows: list[dict[str, object]]) -> tuple[str, dict[s
             continue
         cells = [
             c
-            for c in curves[name].extra["cells"]  # type: ignore[union-attr]
+            for c in curves[name].extra["cells"]
             if within_tolerance(c["accuracy"], run.baseline) and run.head_frequency(c) is not None
         ]
         if cells:
@@ -33,9 +33,7 @@ def _best_cell(run: RunData, rows: list[dict[str, object]]) -> tuple[str, dict[s
     # No cell stays within 1 point: show the best score function's mildest intervention.
     for name in ordered:
         cells = [
-            c
-            for c in (curves[name].extra["cells"] if name in curves else [])  # type: ignore[union-attr]
-            if run.head_frequency(c) is not None
+            c for c in (curves[name].extra["cells"] if name in curves else []) if run.head_frequency(c) is not None
         ]
         if cells:
             return str(name), min(cells, key=lambda c: c["fraction_zeroed"])

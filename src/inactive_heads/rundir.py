@@ -248,7 +248,7 @@ class Cell:
         wrong = [f for f, ok in _CELL_TYPES.items() if f in obj and not ok(obj[f])]
         if missing or wrong:
             raise ValueError(f"malformed cell: missing {missing}, wrong type {wrong}")
-        return cls(**{f.name: obj.get(f.name) for f in fields(cls)})
+        return cls(**{f.name: obj.get(f.name) for f in fields(cls)})  # type: ignore[arg-type]  # checked above
 
 
 CELL_FIELDS = tuple(f.name for f in fields(Cell) if f.default is MISSING)
@@ -390,7 +390,9 @@ class RunData:
         if cell.get("per_head") is not None:
             return np.asarray(cell["per_head"], dtype=float)
         name, threshold = cell.get("score"), cell.get("threshold")
-        if self.scores is None or name not in self.scores or name not in SCORE_FUNCTIONS or threshold is None:
+        if not isinstance(name, str) or self.scores is None or name not in self.scores or threshold is None:
+            return None
+        if name not in SCORE_FUNCTIONS:
             return None
         return zero_frequency(SCORE_FUNCTIONS[name].passes(self.scores[name], float(threshold))).numpy()
 

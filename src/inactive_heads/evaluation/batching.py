@@ -17,6 +17,7 @@ from typing import Any
 import torch
 from transformers import PreTrainedModel
 
+from .. import _compat
 from .forward import _Forward, _Read, _reads, _score_rows
 from .requests import _positions, _Seq
 
@@ -103,7 +104,8 @@ def _fill_rows(lengths: list[int], batch_size: int) -> list[list[list[int]]]:
     free = sorted((n, i) for i, n in enumerate(lengths))  # ascending; taken from the end
     batches = []
     while free:
-        width, rows = free[-1][0], []
+        width = free[-1][0]
+        rows: list[list[int]] = []
         while free and len(rows) < batch_size:
             n, i = free.pop()
             row, room = [i], width - n
@@ -135,15 +137,15 @@ def _run_packed(
     """
     blocks = []  # (tokens, segment per token (-1: prefix), positions, reads: (sequence, packed positions read))
     for members, n in groups:
-        tokens, segs, pos, reads = list(seqs[members[0]].tokens[:n]), [-1] * n, list(range(n)), []
+        tokens, segs, positions, reads = list(seqs[members[0]].tokens[:n]), [-1] * n, list(range(n)), []
         for m, s in enumerate(members):
             off = len(tokens) - n  # a sequence's position p sits at p in the prefix (p < n), else at p + off
             reads.append((s, [p if p < n else p + off for p in _positions(seqs[s])]))
             suffix = seqs[s].tokens[n:]
             tokens += suffix
             segs += [m] * len(suffix)
-            pos += range(n, n + len(suffix))
-        blocks.append((tokens, segs, pos, reads))
+            positions += range(n, n + len(suffix))
+        blocks.append((tokens, segs, positions, reads))
     order: list[int] = []
     for batch in _fill_rows([len(b[0]) for b in blocks], batch_size):
         width = max(sum(len(blocks[i][0]) for i in row) for row in batch)
@@ -200,7 +202,7 @@ def _run(
     if share is not None:
         cached = _shared_groups(seqs, "fewshot:", share[0])
         order += _run_shared(fwd, seqs, cached, batch_size, lls, greedy, bar) if cached else []
-        if model.config._attn_implementation in _TREE_MASK_IMPLEMENTATIONS:
+        if _compat.attn_implementation(model) in _TREE_MASK_IMPLEMENTATIONS:
             order += _run_packed(fwd, seqs, _shared_groups(seqs, "item:", share[1]), batch_size, lls, greedy, bar)
     done = set(order)
     rest = sorted((s for s in range(len(seqs)) if s not in done), key=lambda s: (-len(seqs[s].tokens), s))

@@ -6,12 +6,12 @@ greedy flags are then read from their log-probabilities.
 
 from __future__ import annotations
 
-import inspect
 from typing import Any
 
 import torch
 from transformers import PreTrainedModel
 
+from .. import _compat
 from .._tensors import pad_right
 from .requests import _positions, _Seq
 
@@ -54,12 +54,10 @@ class _Forward:
 
     def __init__(self, model: PreTrainedModel, pad_id: int):
         self.model, self.pad_id = model, pad_id
-        self.device = model.get_input_embeddings().weight.device
+        self.device = _compat.input_embedding_weight(model).device
         self.gather_ok = True
         self.tokens = 0  # token positions run through the model, padding included
-        # transformers >= 5.2x calls the KV cache argument `cache`; earlier 5.x `past_key_values`.
-        params = inspect.signature(model.forward).parameters
-        self.cache_kw = "cache" if "cache" in params else "past_key_values"
+        self.cache_kw = _compat.cache_kwarg(model)
 
     def prefill(self, rows: list[list[int]]) -> tuple[Any, torch.Tensor]:
         """KV cache of right-padded prefixes and their attention mask [G, width]."""
@@ -68,7 +66,7 @@ class _Forward:
         out = self.model(
             input_ids=ids.to(self.device), attention_mask=mask.to(self.device), use_cache=True, logits_to_keep=1
         )
-        return (out.cache if "cache" in out else out.past_key_values), mask
+        return _compat.output_cache(out), mask
 
     def __call__(
         self,
@@ -91,14 +89,15 @@ class _Forward:
         self.tokens += ids.numel()
         kwargs: dict[str, Any] = {"input_ids": ids.to(self.device), "use_cache": past is not None}
         if past is not None:
+            assert past_mask is not None and starts is not None  # given with past
             mask = torch.cat([past_mask, mask], dim=1)
             pos = torch.tensor(starts)[:, None] + torch.arange(ids.shape[1])[None, :]
             kwargs.update({self.cache_kw: past, "position_ids": pos.to(self.device)})
         if tree is not None:
             allowed, pos = tree
             mask = allowed  # transformers passes a 4D mask through as is: bool for SDPA, additive for eager
-            if self.model.config._attn_implementation == "eager":
-                dtype = self.model.get_input_embeddings().weight.dtype
+            if _compat.attn_implementation(self.model) == "eager":
+                dtype = _compat.input_embedding_weight(self.model).dtype
                 mask = torch.zeros(allowed.shape, dtype=dtype).masked_fill_(~allowed, torch.finfo(dtype).min)
             kwargs["position_ids"] = pos.to(self.device)
         kwargs["attention_mask"] = mask.to(self.device)

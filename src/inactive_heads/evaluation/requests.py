@@ -39,7 +39,7 @@ def _encode(tokenizer: Any, texts: list[str]) -> list[list[int]]:
     prefix = _prefix_text(tokenizer)
     out: list[list[int] | None] = [None] * len(texts)
     for special in (True, False):
-        idx = [i for i, t in enumerate(texts) if (bool(prefix) and t.startswith(prefix)) != special]
+        idx = [i for i, t in enumerate(texts) if bool(prefix and t.startswith(prefix)) != special]
         if idx:
             enc = tokenizer([texts[i] for i in idx], add_special_tokens=special)["input_ids"]
             for i, e in zip(idx, enc, strict=True):

@@ -10,6 +10,7 @@ import torch
 import transformers
 from transformers import PreTrainedModel
 
+from .. import _compat
 from ..engine import Policy
 from ..scores import HeadScores
 from ..tasks import FEWSHOT_SEED, Task
@@ -92,7 +93,7 @@ def _provenance(
         "fewshot_delimiter": task.fewshot_delimiter,
         "policy": _policy_config(policy),
         "record": record,
-        "model": getattr(model.config, "_name_or_path", ""),
+        "model": _compat.name_or_path(model),
         "model_class": type(model).__name__,
         "dtype": str(next(model.parameters()).dtype),
         "torch": torch.__version__,
