@@ -158,3 +158,29 @@ def test_guarantee_concurrent_sweeps_compute_each_cell_once(tmp_path):
         p.join(60)
     assert sum(counts) == 5  # baseline + 4 scores at one target, each computed by exactly one process
     assert len(list((tmp_path / "cells").glob("*.json"))) == 5
+
+
+def test_guarantee_an_unwritable_run_directory_is_one_line_before_any_work(tmp_path, monkeypatch, capsys):
+    import errno
+    from pathlib import Path
+
+    from inactive_heads.cli import main
+
+    model_dir = tmp_path / "model"
+    tiny_model("llama").save_pretrained(model_dir)
+    tiny_tokenizer().save_pretrained(model_dir)
+    real_write = Path.write_bytes
+
+    def read_only(self, data):
+        if "runs" in self.parts:
+            raise OSError(errno.EROFS, "Read-only file system", str(self))
+        return real_write(self, data)
+
+    monkeypatch.setattr(Path, "write_bytes", read_only)
+    run_dir = tmp_path / "runs" / "r"
+    assert (
+        main(["sweep", "--model", str(model_dir), "--task", "recall", "--limit", "4", "--run-dir", str(run_dir)]) == 2
+    )
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith("inactive-heads: error: cannot write into run directory") and "Traceback" not in err[-1]
+    assert not (run_dir / "run.json").exists()

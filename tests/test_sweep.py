@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 import inactive_heads.evaluation as evaluation
+from inactive_heads import sweep
 from inactive_heads.rundir import load_run
-from inactive_heads.sweep import sweep
 from inactive_heads.tasks import Item, Task
 
 _SCORES = ["ahon", "awft", "random"]
@@ -32,7 +32,7 @@ _SETUP = textwrap.dedent(
 
 _CHILD = _SETUP + textwrap.dedent(
     """
-    from inactive_heads.sweep import sweep
+    from inactive_heads import sweep
 
     model, tok, task = toy()
 

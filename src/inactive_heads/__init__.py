@@ -1,6 +1,7 @@
 """inactive-heads: find the attention heads of a decoder-only LLM that do nothing, zero them, measure the cost."""
 
 from . import analysis
+from ._sweep import calibrate, sweep
 from ._version import __version__
 from .compare import compare_runs
 from .engine import Policy, Watch, record_scores, watch, zero_heads
@@ -8,7 +9,6 @@ from .evaluation import EvalConfig, EvalResult, evaluate
 from .loading import load_model
 from .report import write_report
 from .scores import SCORE_FUNCTIONS, HeadScores, LayerStats, register_score
-from .sweep import calibrate, sweep
 from .tasks import TASKS, register_task
 from .thresholds import DEFAULT_TARGETS, thresholds_from_cdf
 

@@ -136,7 +136,7 @@ def _eval_config(args: argparse.Namespace) -> EvalConfig:
 
 
 def _cmd_calibrate(args: argparse.Namespace) -> None:
-    from .sweep import calibrate
+    from ._sweep import calibrate
 
     model, tok = _load(args)
     run_dir = args.run_dir or _default_run_dir(args)
@@ -155,7 +155,7 @@ def _cmd_calibrate(args: argparse.Namespace) -> None:
 
 
 def _run_sweep(args: argparse.Namespace, model: Any, tok: Any, run_dir: Path) -> list[dict[str, Any]]:
-    from .sweep import sweep
+    from ._sweep import sweep
 
     return sweep(
         model,

@@ -1,5 +1,8 @@
 """The seam into transformers: one registered attention function that records scores and zeroes heads.
 
+It stays one module (over 350 lines) because the policy, the per-watch session and the public context managers
+share the session registry that the attention function reads; split, each part would reach into the others.
+
 Every supported model routes attention through ``transformers.AttentionInterface``. :func:`watch` switches the
 model to the function registered here for the duration of a ``with`` block and restores the model's own
 implementation on exit, also after an exception. Inside, each attention call computes the statistics the active

@@ -11,6 +11,8 @@ Layout::
                                      per_head is [L][H] fractions of rows in which the head was zeroed
 
 This module is the only one that knows these paths; the sweep writes through it and the report reads through it.
+It holds the run record, the cell record and their reading back together (over 350 lines) so that the identity a
+directory is checked against is defined in exactly one place.
 """
 
 from __future__ import annotations
