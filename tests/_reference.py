@@ -78,3 +78,13 @@ def reference_run(model, tokenizer, text, policy=None):
     scores = {name: torch.stack([layer[name] for layer in _REF["scores"]]) for name in _REF["scores"][0]}
     zeroed = torch.stack(_REF["zeroed"]) if policy else None
     return scores, logits, zeroed
+
+
+def threshold_between_values(values: torch.Tensor, quantile: float) -> float:
+    """A threshold near ``quantile`` of ``values``: the midpoint of the widest gap there, so that float32-vs-float64
+    rounding cannot flip a decision."""
+    v = values.flatten().double().sort().values
+    centre = int(quantile * (len(v) - 1))
+    window = range(max(0, centre - 3), min(len(v) - 1, centre + 3))
+    i = max(window, key=lambda j: v[j + 1] - v[j])
+    return float((v[i] + v[i + 1]) / 2)

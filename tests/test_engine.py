@@ -6,11 +6,12 @@ import copy
 
 import pytest
 import torch
-from _reference import RAW, reference_run
+from _reference import RAW, reference_run, threshold_between_values
 from _tiny import ARCHS, tiny_model, tiny_tokenizer
 
 import inactive_heads as ih
 from inactive_heads import attention as attention_module
+from inactive_heads import kernels
 from inactive_heads.scores import _SCORE_FUNCTIONS
 
 TEXTS = ["The quick brown fox jumps over the lazy dog.", "Hi", "In 1905, Einstein wrote four papers.", "a b a b a b"]
@@ -43,20 +44,11 @@ def test_token_id_inputs_equal_text_inputs(model, tokenizer):
         torch.testing.assert_close(from_ids[name], from_text[name], rtol=1e-5, atol=1e-6, msg=name)
 
 
-def _threshold_between_values(values: torch.Tensor, quantile: float) -> float:
-    # Midpoint of the widest gap near the quantile, so float32-vs-float64 rounding cannot flip a decision.
-    v = values.flatten().double().sort().values
-    centre = int(quantile * (len(v) - 1))
-    window = range(max(0, centre - 3), min(len(v) - 1, centre + 3))
-    i = max(window, key=lambda j: v[j + 1] - v[j])
-    return float((v[i] + v[i + 1]) / 2)
-
-
 @pytest.mark.parametrize("score", ["ahon_ln", "awft", "fhon", "lthon_hn"])
 def test_dynamic_zeroing_matches_reference(model, tokenizer, score):
     recorded = ih.record_scores(model, tokenizer, TEXTS)
     quantile = 0.7 if ih.SCORE_FUNCTIONS[score].inactive_when == "above" else 0.3
-    threshold = _threshold_between_values(recorded[score], quantile)
+    threshold = threshold_between_values(recorded[score], quantile)
     for text in TEXTS:
         ids = torch.tensor([tokenizer(text)["input_ids"]])
         with ih.zero_heads(model, score=score, threshold=threshold) as run, torch.no_grad():
@@ -184,7 +176,7 @@ def test_fused_and_chunked_kernels_agree(monkeypatch, padding):
     mask = None if padding == "none" else torch.where(allowed, 0.0, torch.finfo(torch.float32).min)
     needs = frozenset(RAW) - {"fhon"}
     out_f, stats_f, _ = attention_module.attention_with_stats(q, k, v, mask, scale=0.4, needs=needs)
-    monkeypatch.setattr(attention_module, "_can_fuse", lambda query, softcap: False)
+    monkeypatch.delitem(kernels._KERNELS, "cpu")
     monkeypatch.setattr(attention_module, "_CHUNK_ELEMENTS", 2 * 4 * 33 * 5)  # 5 queries per chunk
     out_c, stats_c, _ = attention_module.attention_with_stats(q, k, v, mask, scale=0.4, needs=needs)
     for row in range(2):
@@ -265,7 +257,7 @@ def test_registered_score_is_recorded_and_drives_zeroing(tokenizer):
     try:
         scores = ih.record_scores(model, tokenizer, TEXTS)
         torch.testing.assert_close(scores["ahon_sq_test"], scores["ahon"] ** 2)
-        threshold = _threshold_between_values(scores["ahon_sq_test"][0, 0], 0.5)
+        threshold = threshold_between_values(scores["ahon_sq_test"][0, 0], 0.5)
         with torch.no_grad(), ih.zero_heads(model, score="ahon_sq_test", threshold=threshold) as run:
             model(input_ids=torch.tensor([tokenizer(TEXTS[0])["input_ids"]]))
         # layer 0 decides on the recorded scores; later layers see the intervention, so their scores move
@@ -292,7 +284,7 @@ def test_non_causal_call_matches_naive_eager_attention(monkeypatch, kernel, via)
     from inactive_heads.engine import _attention
 
     if kernel == "chunked":
-        monkeypatch.setattr(attention_module, "_can_fuse", lambda query, softcap: False)
+        monkeypatch.delitem(kernels._KERNELS, "cpu")
     torch.manual_seed(0)
     q, k, v = torch.randn(2, 4, 7, 8), torch.randn(2, 2, 7, 8), torch.randn(2, 2, 7, 8)
     module = torch.nn.Module()

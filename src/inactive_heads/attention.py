@@ -1,13 +1,16 @@
 """Attention that also returns the per-head statistics the score functions read, without a [B,H,S,S] tensor.
 
-Two kernels compute the same thing:
+Two ways compute the same thing:
 
-* fused (CPU, no logit softcap): PyTorch's CPU flash kernel returns the log-sum-exp ``lse_i`` per query. With K
-  in place of V (a second call) it returns ``(A k)_i = sum_j A_ij k_j``, so the entropy
-  is ``lse_i - scale * q_i . (A k)_i`` and the first-key weight is ``exp(scale * q_i . k_0 - lse_i)``: no
-  probability is ever materialised.
-* chunked eager (softcapped logits, where the identities break, and devices without the CPU kernel): softmax over
+* a fused kernel of the query's device that returns the log-sum-exp ``lse_i`` per query (see
+  :mod:`inactive_heads.kernels`; CPU and CUDA have one). With K in place of V it also gives
+  ``(A k)_i = sum_j A_ij k_j``, so the entropy is ``lse_i - scale * q_i . (A k)_i`` and the first-key weight is
+  ``exp(scale * q_i . k_0 - lse_i)``: no probability is ever materialised.
+* chunked eager (softcapped logits, where the identities break, and devices without such a kernel): softmax over
   query chunks, so extra memory is ``O(B * H * chunk * T)``.
+
+Statistics are float32 whatever the model's dtype: q, k and v are cast to float32 first, and the statistics stay on
+the device of the layer that computed them.
 
 Rows are described by the mask alone: query ``i`` is real iff it may attend to its own position, a key is real iff
 some real query attends to it. That holds for left and right padding and for KV-cache decoding. As in transformers'
@@ -21,6 +24,7 @@ from dataclasses import dataclass
 
 import torch
 
+from .kernels import additive_mask, lse_kernel
 from .scores import LayerStats
 
 __all__: list[str] = []  # internal module
@@ -84,33 +88,6 @@ def _gather_pos(x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
     return x.gather(2, idx).squeeze(2)
 
 
-def _fused(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    allowed: torch.Tensor | None,
-    real_q: torch.Tensor,
-    scale: float,
-    want_ak: bool,
-    causal: bool,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-    """``causal``: the implicit mask when ``allowed`` is None; a given mask decides alone."""
-    flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
-    if allowed is not None:
-        causal = q.shape[2] > 1 and _causal_on_real_rows(allowed, real_q)
-    # The kernel takes only an additive mask of the query's dtype, which costs it ~1.7x over its own causal mode.
-    # Right-padded batches are causal on every real query; what pad queries attend to is never read.
-    mask = None
-    if allowed is not None and not causal:
-        mask = torch.zeros(allowed.shape, dtype=q.dtype).masked_fill_(~allowed, _NEG)
-    if not want_ak:
-        out, lse = flash(q, k, v, 0.0, causal, attn_mask=mask, scale=scale)[:2]
-        return out, lse, None
-    # K in place of V gives (A k); one call with zero-padded q, k and [V | K] as values measured no faster.
-    out, lse = flash(q, k, v, 0.0, causal, attn_mask=mask, scale=scale)[:2]
-    return out, lse, flash(q, k, k, 0.0, causal, attn_mask=mask, scale=scale)[0]
-
-
 def _causal_on_real_rows(allowed: torch.Tensor, real_q: torch.Tensor) -> bool:
     """Whether every real query i attends exactly to keys 0..i (no padding before it, no window)."""
     q_len, kv_len = allowed.shape[2], allowed.shape[3]
@@ -130,7 +107,8 @@ def _chunked_eager(
     first_k: torch.Tensor,
     causal: bool,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Returns output [B,H,S,Dv], entropy [B,H,S] and first-key weight [B,H,S]; ``causal`` as in :func:`_fused`."""
+    """Returns output [B,H,S,Dv], entropy [B,H,S] and first-key weight [B,H,S]; ``causal``: the implicit mask when
+    ``allowed`` is None (a given mask decides alone)."""
     batch, heads, q_len, _ = q.shape
     kv_len = k.shape[2]
     chunk = max(1, _CHUNK_ELEMENTS // max(1, batch * heads * kv_len))
@@ -154,11 +132,6 @@ def _chunked_eager(
         ents.append((lse - (probs * logits).sum(-1, keepdim=True)).squeeze(-1))
         firsts.append(probs.gather(-1, first_idx.expand(batch, heads, stop - start, 1)).squeeze(-1))
     return torch.cat(outs, 2), torch.cat(ents, 2), torch.cat(firsts, 2)
-
-
-def _can_fuse(query: torch.Tensor, softcap: float | None) -> bool:
-    # The log-sum-exp identities assume plain softmax(q.k * scale + mask); softcapping breaks them.
-    return query.device.type == "cpu" and softcap is None
 
 
 def attention_with_stats(
@@ -191,22 +164,35 @@ def attention_with_stats(
 
     entropy: torch.Tensor | None = None  # both set by either branch that runs when awft or aeqd is needed
     first_w: torch.Tensor | None = None
-    if _can_fuse(query, softcap):
-        out, lse, ak = _fused(
-            q.contiguous(), k.contiguous(), v.contiguous(), allowed, rows.real_q, scale, "aeqd" in needs, causal
+    kernel = lse_kernel(query.device, softcap)
+    if kernel is not None:
+        # A native causal mode beats an additive mask; right-padded batches are causal on every real query, and
+        # what pad queries attend to is never read.
+        fused_causal = causal if allowed is None else q_len > 1 and _causal_on_real_rows(allowed, rows.real_q)
+        out, lse, ak = kernel.run(
+            q.contiguous(),
+            k.contiguous(),
+            v.contiguous(),
+            None if fused_causal else allowed,
+            fused_causal,
+            scale,
+            bool(needs & {"awft", "aeqd"}),
+            "aeqd" in needs,
         )
         if "aeqd" in needs:
+            assert lse is not None and ak is not None
             entropy = lse - scale * torch.linalg.vecdot(q, ak)
         if "awft" in needs:
+            assert lse is not None
             k_first = _gather_pos(k, rows.first_k)  # [B,H,D]
             first_w = torch.exp(scale * (q @ k_first[..., None]).squeeze(-1) - lse)
             if allowed is not None:  # queries that may not see the first real key give it no weight
                 sees_first = allowed[:, 0].gather(2, rows.first_k.view(-1, 1, 1).expand(batch, q_len, 1))
                 first_w = first_w * sees_first.squeeze(-1)[:, None]
-    elif needs & {"awft", "aeqd"} or query.device.type == "cpu":
+    elif needs & {"awft", "aeqd"} or softcap is not None:
         out, entropy, first_w = _chunked_eager(q, k, v, allowed, scale, softcap, rows.first_k, causal)
     else:  # neither probabilities nor lse needed: any fused kernel will do
-        mask = None if allowed is None else torch.zeros(allowed.shape, device=q.device).masked_fill_(~allowed, _NEG)
+        mask = None if allowed is None else additive_mask(allowed, torch.float32)
         out = torch.nn.functional.scaled_dot_product_attention(
             q, k, v, attn_mask=mask, is_causal=allowed is None and causal, scale=scale
         )
