@@ -118,6 +118,42 @@ def _attention(
     return session.attend(module, query, key, value, attention_mask, scale, softcap, causal), None
 
 
+@dataclass
+class _LayerStep:
+    """One layer's part of a forward: raw statistics [len(RAW_STATS), B, H] (when recording), zeroing decisions
+    [B, H] (under a policy), and whether each statistic it computed is finite on the real rows (name -> bool)."""
+
+    raw: torch.Tensor | None
+    zeroed: torch.Tensor | None
+    finite: dict[str, torch.Tensor]
+    dtype: torch.dtype
+
+    def to_cpu(self) -> _LayerStep:
+        def cpu(x: torch.Tensor | None) -> torch.Tensor | None:
+            return None if x is None else x.cpu()
+
+        flags = torch.stack(list(self.finite.values())).cpu() if self.finite else torch.ones(0, dtype=torch.bool)
+        return _LayerStep(cpu(self.raw), cpu(self.zeroed), dict(zip(self.finite, flags, strict=True)), self.dtype)
+
+    def check_finite(self, layer: int) -> None:
+        bad = next((name for name, ok in self.finite.items() if not ok), None)
+        if bad is not None:
+            raise FloatingPointError(
+                f"non-finite {bad} statistic in attention layer {layer}; {non_finite_hint(self.dtype)}"
+            )
+
+
+def _finite_flags(stats: LayerStats, real_rows: torch.Tensor) -> dict[str, torch.Tensor]:
+    """Per computed statistic, a 0-d bool tensor on its device: finite on every real row. Checked in flush(), so the
+    forward never waits for the device."""
+    present = [n for n in RAW_STATS if getattr(stats, n) is not None]
+    if not present:
+        return {}
+    values = torch.stack([getattr(stats, n) for n in present])  # [n, B, H]
+    finite = torch.isfinite(values) | ~real_rows[None, :, None]  # pad rows (no real query) may hold anything
+    return dict(zip(present, finite.flatten(1).all(1), strict=True))
+
+
 class _Session:
     """State of one :func:`watch` block: per-layer buffers of the current forward, and finished forwards."""
 
@@ -131,8 +167,9 @@ class _Session:
         self.needs = (frozenset(RAW_STATS) if record else frozenset()) | (policy.needs if policy else frozenset())
         self.grams: dict[int, torch.Tensor] = {}
         self.rows_seen = 0
-        # Per layer of the current forward: raw statistics [len(RAW_STATS), B, H] (when recording), zeroed [B, H].
-        self._step: dict[int, tuple[torch.Tensor | None, torch.Tensor | None]] = {}
+        # Per layer of the current forward, on that layer's device until flush() gathers them to the CPU at once.
+        self._step: dict[int, _LayerStep] = {}
+        self._masks: dict[torch.device, torch.Tensor] = {}  # the static mask on each device it was used on
         self._raw: list[torch.Tensor] = []  # per finished forward: [len(RAW_STATS), B, n_layers, H]
         self._zeroed: list[torch.Tensor] = []
         # What zeroed()/scores() last returned; concatenating every forward again on each read is O(rows).
@@ -168,12 +205,12 @@ class _Session:
         )
         if "random" in self.needs:
             stats.random = self._random(layer, batch).to(out.device)
-        self._check_finite(stats, rows.real_q.any(1), layer, query.dtype)
+        finite = _finite_flags(stats, rows.real_q.any(1))
 
         zero = None
         if self.policy is not None:
             if self.policy.mask is not None:
-                zero = self.policy.mask[layer].to(out.device).expand(batch, -1)
+                zero = self._static_mask(out.device)[layer].expand(batch, -1)
             else:
                 assert self.policy.score is not None and self.policy.threshold is not None  # see Policy
                 spec = SCORE_FUNCTIONS[self.policy.score]
@@ -182,8 +219,8 @@ class _Session:
             out = out * (~zero).to(out.dtype)[:, :, None, None]
         # Score functions run once over all rows and layers when the scores are read (HeadScores.derive), not
         # per layer: 16 small calls per layer were a third of the recording overhead on short inputs.
-        raw = torch.stack([getattr(stats, n) for n in RAW_STATS]).cpu() if self.record else None
-        self._step[layer] = (raw, None if zero is None else zero.cpu())
+        raw = torch.stack([getattr(stats, n) for n in RAW_STATS]) if self.record else None
+        self._step[layer] = _LayerStep(raw, zero, finite, query.dtype)
         last = len(self._step) == self.n_layers
         if last:
             self.flush()
@@ -194,24 +231,33 @@ class _Session:
         return result
 
     def flush(self) -> None:
-        """Close the current forward: stack its layers into [rows, layers, heads]."""
+        """Close the current forward: gather its layers to the CPU and stack them into [rows, layers, heads]."""
         if not self._step:
             return
         if len(self._step) != self.n_layers:
             missing = sorted(set(range(self.n_layers)) - set(self._step))
             self._step.clear()
             raise RuntimeError(f"a forward pass skipped attention layers {missing}; cannot attribute its scores")
-        ordered = [self._step[i] for i in range(self.n_layers)]
+        # One device-to-host copy per layer and kind, after the whole forward was queued: a single wait per device.
+        ordered = [self._step[i].to_cpu() for i in range(self.n_layers)]
+        self._step.clear()
+        for layer, step in enumerate(ordered):
+            step.check_finite(layer)
         batch = 0
         if self.record:
-            self._raw.append(torch.stack(cast(list[torch.Tensor], [raw for raw, _ in ordered]), 2))
+            self._raw.append(torch.stack(cast(list[torch.Tensor], [step.raw for step in ordered]), 2))
             batch = self._raw[-1].shape[1]
         if self.policy is not None:
-            self._zeroed.append(torch.stack(cast(list[torch.Tensor], [z for _, z in ordered]), 1))
+            self._zeroed.append(torch.stack(cast(list[torch.Tensor], [step.zeroed for step in ordered]), 1))
             batch = self._zeroed[-1].shape[0]
         self.rows_seen += batch
-        self._step.clear()
         self._zeroed_all = self._scores_all = None
+
+    def _static_mask(self, device: torch.device) -> torch.Tensor:
+        assert self.policy is not None and self.policy.mask is not None
+        if device not in self._masks:
+            self._masks[device] = self.policy.mask.to(device)
+        return self._masks[device]
 
     def _random(self, layer: int, batch: int) -> torch.Tensor:
         # One generator per (seed, row, layer): a row's draws do not depend on how rows were batched.
@@ -228,17 +274,6 @@ class _Session:
             per_head = weight.detach().to(torch.float32).reshape(weight.shape[0], heads, head_dim)
             self.grams[key] = torch.einsum("mhd,mhe->hde", per_head, per_head).to(device)
         return self.grams[key]
-
-    @staticmethod
-    def _check_finite(stats: LayerStats, real_rows: torch.Tensor, layer: int, dtype: torch.dtype) -> None:
-        present = [n for n in RAW_STATS if getattr(stats, n) is not None]
-        if not present:
-            return
-        values = torch.stack([getattr(stats, n) for n in present])[:, real_rows]  # one check, one sync
-        if torch.isfinite(values).all():
-            return
-        name = next(n for n, v in zip(present, values, strict=True) if not torch.isfinite(v).all())
-        raise FloatingPointError(f"non-finite {name} statistic in attention layer {layer}; {non_finite_hint(dtype)}")
 
     def zeroed(self) -> torch.Tensor | None:
         self.flush()
