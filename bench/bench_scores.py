@@ -76,7 +76,8 @@ AttentionMaskInterface.register("published_eager", eager_mask)
 
 
 # ------------------------------------------------------------------------------------------------------- methods
-def _load(name: str):
+def load_model_named(name: str):
+    """The benchmark model ``name`` (tiny or smollm2), float32 on the CPU."""
     if name == "tiny":
         sys.path.insert(0, str(ROOT / "tests"))
         from _tiny import tiny_model
@@ -90,7 +91,8 @@ def _load(name: str):
     raise SystemExit(f"unknown model {name!r}; choose tiny or smollm2")
 
 
-def _run(model, method: str, ids: torch.Tensor, threshold: float, passes: int = len(PUBLISHED_SCORES)) -> None:
+def run_method(model, method: str, ids: torch.Tensor, threshold: float, passes: int = len(PUBLISHED_SCORES)) -> None:
+    """One forward of ``method`` (one of METHODS) on ``ids``; ``passes`` of the published approach's 13."""
     with torch.no_grad():
         if method == "sdpa":
             model(input_ids=ids, use_cache=False)
@@ -115,9 +117,11 @@ def _run(model, method: str, ids: torch.Tensor, threshold: float, passes: int = 
             raise ValueError(method)
 
 
-def _inputs(model, length: int) -> torch.Tensor:
+def random_ids(model, length: int) -> torch.Tensor:
+    """One row of ``length`` random token ids (seeded by the length), on the device of the model's embeddings."""
     gen = torch.Generator().manual_seed(length)
-    return torch.randint(4, model.config.vocab_size, (1, length), generator=gen)
+    ids = torch.randint(4, model.config.vocab_size, (1, length), generator=gen)
+    return ids.to(model.get_input_embeddings().weight.device)
 
 
 def _rss() -> int:
@@ -127,9 +131,9 @@ def _rss() -> int:
 
 def _child(model_name: str, length: int, method: str) -> None:
     """Peak extra resident memory of one method's forward, printed as JSON."""
-    model = _load(model_name)
-    ids = _inputs(model, length)
-    _run(model, method, ids[:, :64], 0.5)  # touch lazily initialised state before measuring
+    model = load_model_named(model_name)
+    ids = random_ids(model, length)
+    run_method(model, method, ids[:, :64], 0.5)  # touch lazily initialised state before measuring
     peak, stop = [0], threading.Event()
 
     def sample() -> None:
@@ -140,7 +144,7 @@ def _child(model_name: str, length: int, method: str) -> None:
     start = _rss()
     thread = threading.Thread(target=sample)
     thread.start()
-    _run(model, method, ids, 0.5, passes=1)  # passes run one after another: one pass has the peak of all 13
+    run_method(model, method, ids, 0.5, passes=1)  # passes run one after another: one pass has the peak of all 13
     stop.set()
     thread.join()
     print(json.dumps({"peak_extra_mb": (max(peak[0], _rss()) - start) / 2**20}))
@@ -153,20 +157,21 @@ def _memory(model_name: str, length: int, method: str) -> float:
 
 
 def _times(model, length: int, repeats: int, methods: tuple[str, ...]) -> dict[str, float]:
-    ids = _inputs(model, length)
-    threshold = _threshold(model, ids)
+    ids = random_ids(model, length)
+    threshold = zeroing_threshold(model, ids)
     samples: dict[str, list[float]] = {m: [] for m in methods}
     for method in methods:  # warm-up on a short input
-        _run(model, method, ids[:, :64], threshold)
+        run_method(model, method, ids[:, :64], threshold)
     for _ in range(repeats):
         for method in methods:
             start = time.perf_counter()
-            _run(model, method, ids, threshold)
+            run_method(model, method, ids, threshold)
             samples[method].append(time.perf_counter() - start)
     return {m: statistics.median(v) for m, v in samples.items()}
 
 
-def _threshold(model, ids: torch.Tensor) -> float:
+def zeroing_threshold(model, ids: torch.Tensor) -> float:
+    """The AHON (LN) threshold that zeroes 10% of the heads on the first 256 tokens of ``ids``."""
     # 10% of heads on this input pass: a realistic zeroing load.
     with torch.no_grad(), ih.watch(model, record=True) as w:
         model(input_ids=ids[:, :256], use_cache=False)
@@ -187,7 +192,7 @@ def main() -> None:
         return
     methods = tuple(args.methods)
     for model_name in args.models:
-        model = _load(model_name)
+        model = load_model_named(model_name)
         for length in args.lengths:
             big = model_name != "tiny" and length >= 2048
             repeats = args.repeats or (1 if big else (2 if model_name != "tiny" else 5))
