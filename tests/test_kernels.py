@@ -180,6 +180,21 @@ def test_kernel_takes_query_rows_at_any_address(kernel):
         torch.testing.assert_close(getattr(stats, name).double(), want[name], rtol=1e-5, atol=1e-5, msg=name)
 
 
+def test_mask_changed_in_place_is_read_again(kernel):
+    """Whether a mask is causal on its real rows is remembered per mask tensor, and forgotten when it changes."""
+    torch.manual_seed(4)
+    q, k, v = torch.randn(2, 4, 12, 8), torch.randn(2, 2, 12, 8), torch.randn(2, 2, 12, 8)
+    gram = torch.eye(8).expand(4, 8, 8)
+    mask = _layout("right", 2, 12, 12).clone()
+    for layout in ("right", "left", "right"):
+        mask.copy_(_layout(layout, 2, 12, 12))
+        for _ in range(2):  # the second call with the same mask takes the remembered answer
+            _, stats, _ = attention_with_stats(q, k, v, mask, scale=0.3, needs=STATS, gram=gram)
+            want = _naive(q, k, v, mask, 0.3, gram)[1]
+            for name in STATS:
+                torch.testing.assert_close(getattr(stats, name).double(), want[name], rtol=1e-5, atol=1e-5, msg=name)
+
+
 def test_kernel_dispatch_by_device():
     assert kernels.lse_kernel(torch.device("cpu"), None).name == "cpu_flash"
     assert kernels.lse_kernel(torch.device("cuda", 1), None).name == "cuda_efficient"

@@ -20,6 +20,7 @@ every key when there is one query) and ``is_causal=False`` attention to every ke
 
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass
 
 import torch
@@ -32,6 +33,8 @@ __all__: list[str] = []  # internal module
 _CHUNK_ELEMENTS = 1 << 24  # logits per chunk of the eager kernel (64 MiB in float32)
 _ENTROPY_FLOOR = 1e-5
 _NEG = torch.finfo(torch.float32).min
+# id(mask) -> (the mask, weakly; its version and the shape asked; the answer of _causal_on_real_rows).
+_CAUSAL_ANSWERS: dict[int, tuple[weakref.ref[torch.Tensor], tuple[int, torch.Size], bool]] = {}
 
 
 @dataclass
@@ -88,13 +91,24 @@ def _gather_pos(x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
     return x.gather(2, idx).squeeze(2)
 
 
-def _causal_on_real_rows(allowed: torch.Tensor, real_q: torch.Tensor) -> bool:
-    """Whether every real query i attends exactly to keys 0..i (no padding before it, no window)."""
+def _causal_on_real_rows(mask: torch.Tensor, allowed: torch.Tensor, real_q: torch.Tensor) -> bool:
+    """Whether every real query i attends exactly to keys 0..i (no padding before it, no window); ``allowed`` and
+    ``real_q`` are derived from ``mask``."""
     q_len, kv_len = allowed.shape[2], allowed.shape[3]
     if q_len != kv_len:
         return False
+    # transformers hands one mask tensor to every layer of a forward, and the answer makes the host wait for the
+    # device: it is computed once per mask (and version of it, and shape asked), not once per layer.
+    key = (mask._version, allowed.shape)
+    hit = _CAUSAL_ANSWERS.get(id(mask))
+    if hit is not None and hit[0]() is mask and hit[1] == key:
+        return hit[2]
     tril = torch.ones(q_len, kv_len, dtype=torch.bool, device=allowed.device).tril_()
-    return not ((allowed[:, 0] ^ tril) & real_q[:, :, None]).any()
+    answer = not ((allowed[:, 0] ^ tril) & real_q[:, :, None]).any()
+    for dead in [i for i, (ref, _, _) in _CAUSAL_ANSWERS.items() if ref() is None]:
+        del _CAUSAL_ANSWERS[dead]
+    _CAUSAL_ANSWERS[id(mask)] = (weakref.ref(mask), key, answer)
+    return answer
 
 
 def _chunked_eager(
@@ -168,7 +182,10 @@ def attention_with_stats(
     if kernel is not None:
         # A native causal mode beats an additive mask; right-padded batches are causal on every real query, and
         # what pad queries attend to is never read.
-        fused_causal = causal if allowed is None else q_len > 1 and _causal_on_real_rows(allowed, rows.real_q)
+        fused_causal = causal
+        if allowed is not None:
+            assert attention_mask is not None  # allowed is derived from it
+            fused_causal = q_len > 1 and _causal_on_real_rows(attention_mask, allowed, rows.real_q)
         out, lse, ak = kernel.run(
             q.contiguous(),
             k.contiguous(),
