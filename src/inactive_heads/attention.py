@@ -190,11 +190,11 @@ def attention_with_stats(
             q.contiguous(),
             k.contiguous(),
             v.contiguous(),
-            None if fused_causal else allowed,
-            fused_causal,
-            scale,
-            bool(needs & {"awft", "aeqd"}),
-            "aeqd" in needs,
+            allowed=None if fused_causal else allowed,
+            causal=fused_causal,
+            scale=scale,
+            want_lse=bool(needs & {"awft", "aeqd"}),
+            want_ak="aeqd" in needs,
         )
         if "aeqd" in needs:
             assert lse is not None and ak is not None

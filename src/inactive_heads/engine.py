@@ -22,7 +22,7 @@ import sys
 import zlib
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any
 
 import torch
 from transformers import PreTrainedModel
@@ -120,38 +120,38 @@ def _attention(
 
 @dataclass
 class _LayerStep:
-    """One layer's part of a forward: raw statistics [len(RAW_STATS), B, H] (when recording), zeroing decisions
-    [B, H] (under a policy), and whether each statistic it computed is finite on the real rows (name -> bool)."""
+    """One layer's part of a forward, on that layer's device: raw statistics [len(RAW_STATS), B, H] (when recording),
+    zeroing decisions [B, H] (under a policy) and ``finite`` [len(computed)] bool, whether each statistic it computed
+    is finite on every real row (checked in flush(), so that the forward never waits for the device)."""
 
     raw: torch.Tensor | None
     zeroed: torch.Tensor | None
-    finite: dict[str, torch.Tensor]
+    finite: torch.Tensor
+    computed: tuple[str, ...]
     dtype: torch.dtype
 
-    def to_cpu(self) -> _LayerStep:
-        def cpu(x: torch.Tensor | None) -> torch.Tensor | None:
-            return None if x is None else x.cpu()
 
-        flags = torch.stack(list(self.finite.values())).cpu() if self.finite else torch.ones(0, dtype=torch.bool)
-        return _LayerStep(cpu(self.raw), cpu(self.zeroed), dict(zip(self.finite, flags, strict=True)), self.dtype)
-
-    def check_finite(self, layer: int) -> None:
-        bad = next((name for name, ok in self.finite.items() if not ok), None)
-        if bad is not None:
-            raise FloatingPointError(
-                f"non-finite {bad} statistic in attention layer {layer}; {non_finite_hint(self.dtype)}"
-            )
-
-
-def _finite_flags(stats: LayerStats, real_rows: torch.Tensor) -> dict[str, torch.Tensor]:
-    """Per computed statistic, a 0-d bool tensor on its device: finite on every real row. Checked in flush(), so the
-    forward never waits for the device."""
-    present = [n for n in RAW_STATS if getattr(stats, n) is not None]
+def _finite_flags(stats: LayerStats, real_rows: torch.Tensor) -> tuple[tuple[str, ...], torch.Tensor]:
+    """The statistics present in ``stats`` and, for each, whether it is finite on every real row (bool [n])."""
+    present = tuple(n for n in RAW_STATS if getattr(stats, n) is not None)
     if not present:
-        return {}
+        return present, torch.ones(0, dtype=torch.bool, device=real_rows.device)
     values = torch.stack([getattr(stats, n) for n in present])  # [n, B, H]
     finite = torch.isfinite(values) | ~real_rows[None, :, None]  # pad rows (no real query) may hold anything
-    return dict(zip(present, finite.flatten(1).all(1), strict=True))
+    return present, finite.flatten(1).all(1)
+
+
+def _to_cpu(tensors: Sequence[torch.Tensor | None]) -> list[torch.Tensor]:
+    """Same-shaped per-layer tensors on the CPU: stacked on each device they are on, one copy per device."""
+    by_device: dict[torch.device, list[tuple[int, torch.Tensor]]] = {}
+    for i, t in enumerate(tensors):
+        assert t is not None  # every layer holds one when any does
+        by_device.setdefault(t.device, []).append((i, t))
+    out: dict[int, torch.Tensor] = {}
+    for pairs in by_device.values():
+        host = torch.stack([t for _, t in pairs]).cpu()
+        out.update(zip((i for i, _ in pairs), host, strict=True))
+    return [out[i] for i in range(len(tensors))]
 
 
 class _Session:
@@ -205,7 +205,7 @@ class _Session:
         )
         if "random" in self.needs:
             stats.random = self._random(layer, batch).to(out.device)
-        finite = _finite_flags(stats, rows.real_q.any(1))
+        computed, finite = _finite_flags(stats, rows.real_q.any(1))
 
         zero = None
         if self.policy is not None:
@@ -220,7 +220,7 @@ class _Session:
         # Score functions run once over all rows and layers when the scores are read (HeadScores.derive), not
         # per layer: 16 small calls per layer were a third of the recording overhead on short inputs.
         raw = torch.stack([getattr(stats, n) for n in RAW_STATS]) if self.record else None
-        self._step[layer] = _LayerStep(raw, zero, finite, query.dtype)
+        self._step[layer] = _LayerStep(raw, zero, finite, computed, query.dtype)
         last = len(self._step) == self.n_layers
         if last:
             self.flush()
@@ -238,17 +238,21 @@ class _Session:
             missing = sorted(set(range(self.n_layers)) - set(self._step))
             self._step.clear()
             raise RuntimeError(f"a forward pass skipped attention layers {missing}; cannot attribute its scores")
-        # One device-to-host copy per layer and kind, after the whole forward was queued: a single wait per device.
-        ordered = [self._step[i].to_cpu() for i in range(self.n_layers)]
+        steps = [self._step[i] for i in range(self.n_layers)]
         self._step.clear()
-        for layer, step in enumerate(ordered):
-            step.check_finite(layer)
+        # The whole forward is queued by now: one device-to-host copy per device and kind, one wait per device.
+        for layer, (step, finite) in enumerate(zip(steps, _to_cpu([s.finite for s in steps]), strict=True)):
+            if not finite.all():
+                name = step.computed[int((~finite).nonzero()[0])]
+                raise FloatingPointError(
+                    f"non-finite {name} statistic in attention layer {layer}; {non_finite_hint(step.dtype)}"
+                )
         batch = 0
         if self.record:
-            self._raw.append(torch.stack(cast(list[torch.Tensor], [step.raw for step in ordered]), 2))
+            self._raw.append(torch.stack(_to_cpu([s.raw for s in steps]), 2))
             batch = self._raw[-1].shape[1]
         if self.policy is not None:
-            self._zeroed.append(torch.stack(cast(list[torch.Tensor], [step.zeroed for step in ordered]), 1))
+            self._zeroed.append(torch.stack(_to_cpu([s.zeroed for s in steps]), 1))
             batch = self._zeroed[-1].shape[0]
         self.rows_seen += batch
         self._zeroed_all = self._scores_all = None

@@ -16,26 +16,40 @@ mode, used only without a mask. Rows that attend to no key hold unspecified valu
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 import torch.nn.functional as F
 
 __all__: list[str] = []  # internal module
 
-_NEG = torch.finfo(torch.float32).min
 
 #: (out [B,H,S,Dv], lse [B,H,S] or None, (A k) [B,H,S,D] or None), all float32.
 KernelResult = tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]
 
 
+class _Run(Protocol):
+    def __call__(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        allowed: torch.Tensor | None,
+        causal: bool,
+        scale: float,
+        want_lse: bool,
+        want_ak: bool,
+    ) -> KernelResult: ...
+
+
 @dataclass(frozen=True)
 class LseKernel:
-    """A fused attention kernel that returns the log-sum-exp of each query; ``run`` is described in the module."""
+    """A fused attention kernel that returns the log-sum-exp of each query (see the module for ``run``'s inputs);
+    ``lse`` is returned when ``want_lse``, ``(A k)`` when ``want_ak``."""
 
     name: str
-    run: Callable[..., KernelResult]
+    run: _Run
 
 
 def additive_mask(allowed: torch.Tensor, dtype: torch.dtype, width: int | None = None) -> torch.Tensor:
