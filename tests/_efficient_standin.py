@@ -8,6 +8,8 @@ contract as ``inactive_heads.kernels`` relies on it, so the adapter code that ru
 * every row stride (q, k, v and the bias's query stride) and batch/head stride is a multiple of 16 bytes, and the
   last dimension is contiguous; the bias has the exact shape [B, H, S, T] (broadcast dimensions expanded);
 * ``is_causal`` masks top-left (query i sees keys 0..i);
+* a query whose every key is masked (bias at the dtype's lowest value) gets NaN output and log-sum-exp, as the CUDA
+  kernel's normalisation by a zero sum can give;
 * the output is a [B,S,H,Dv]-contiguous tensor seen as [B,H,S,Dv]; the float32 log-sum-exp is padded to a multiple
   of 32 queries, and the padding holds garbage (NaN) that a caller must never read; without ``compute_log_sumexp``
   it is empty.
@@ -67,6 +69,8 @@ def _efficient_attention(
             raise RuntimeError(f"attn_bias has shape {tuple(attn_bias.shape)}, needs {(batch, heads, q_len, kv_len)}")
         _check_aligned("attn_bias", attn_bias, (0, 1, 2))
         logits = logits + attn_bias.double()
+        seen = attn_bias > torch.finfo(attn_bias.dtype).min / 2
+        logits = logits.masked_fill(~seen.any(-1, keepdim=True), float("nan"))
     if is_causal:
         keep = torch.ones(q_len, kv_len, dtype=torch.bool).tril()
         logits = logits.masked_fill(~keep, float("-inf"))

@@ -113,6 +113,10 @@ def _cuda_efficient(
     q, k, values = _aligned(q), _aligned(k), _aligned(values)
     bias = None
     if allowed is not None:
+        # The kernel normalises a query that may see no key (a pad query) by a zero sum: NaN in its output, which the
+        # next layer reads through that position's key (NaN * 0 is NaN). Such a query sees every key instead, as in
+        # transformers' SDPA masks; what it computes is never read.
+        allowed = allowed | ~allowed.any(-1, keepdim=True)
         bias = additive_mask(allowed, torch.float32, -(-allowed.shape[-1] // _BIAS_ALIGN) * _BIAS_ALIGN)
         bias = bias.expand(batch, heads, q_len, allowed.shape[-1])
     out, lse = torch.ops.aten._scaled_dot_product_efficient_attention(
