@@ -7,7 +7,8 @@ so no probability is ever materialised. A kernel is chosen by the device of the 
 * ``cpu``: PyTorch's CPU flash kernel, ``aten::_scaled_dot_product_flash_attention_for_cpu``.
 * ``cuda``: PyTorch's memory-efficient kernel, ``aten::_scaled_dot_product_efficient_attention`` with
   ``compute_log_sumexp``. It takes an additive float32 bias, so every mask works; (A k) comes from the same call,
-  with ``[V | K]`` as values.
+  with ``[V | K]`` as values. (FlexAttention's ``return_lse`` would serve too, but is fused only when compiled, once
+  per shape; the flash and cuDNN kernels take no float32 inputs.)
 
 Every kernel takes float32 q [B,H,S,D], k [B,H,T,D] and v [B,H,T,Dv] (key/value heads already repeated to H), a
 bool mask ``allowed`` [B,1,S,T] of permitted (query, key) pairs or None, and ``causal``, PyTorch's top-left causal
