@@ -1,11 +1,13 @@
-"""Items/second and accuracy of ``inactive_heads.evaluate`` beside lm-evaluation-harness's HFLM: same model object,
-task and items.
+"""Items/second, work and accuracy of ``inactive_heads.evaluate`` beside lm-evaluation-harness's HFLM: same model
+object, task and items.
 
 The lm-eval side (its default task files on exactly our items) is ``tests/_lm_eval.py``, shared with the parity
-test. Each measured row goes into its section of ``bench/RESULTS.md`` at once (``bench_eval_speed`` and
-``bench_eval_accuracy``), replacing the row of the same model, task and items.
+test. Each measured row goes into its section of ``bench/RESULTS.md`` at once (``bench_eval_speed``,
+``bench_eval_work`` and ``bench_eval_accuracy``), replacing the row of the same model, task and items. A task is
+``name`` (its default shots: 5 for MMLU, else 0) or ``name:shots``.
 
-    python bench/bench_eval.py --tasks mmlu piqa arc_easy --repeats 3          # speed, ours and lm-eval alternating
+    python bench/bench_eval.py --repeats 3                                     # every built-in task, alternating
+    python bench/bench_eval.py --tasks winogrande:5 --repeats 3 --limit 100    # one task
     python bench/bench_eval.py --tasks --full piqa arc_easy --mmlu-limit 200   # accuracy runs, ours beside lm-eval
 """
 
@@ -26,7 +28,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))  # the lm-eval side lives with the parity test; bench/ is already first
 
 from _lm_eval import SHORT_MMLU_SUBJECTS, run_lm_eval  # noqa: E402
-from _results import RESULTS, update_table  # noqa: E402
+from _results import RESULTS, read_table, update_table  # noqa: E402
+from _work import Work, minimal_work  # noqa: E402
 
 from inactive_heads.tasks import DATA_ENV  # noqa: E402
 
@@ -34,6 +37,13 @@ SPEED_HEADER = (
     "model", "task", "items", "ours bs", "lm-eval bs", "repeats", "ours s", "ours items/s", "lm-eval s",
     "lm-eval items/s", "speed-up", "max abs Δll", "acc ours / lm-eval",
 )  # fmt: skip
+WORK_HEADER = (
+    "model", "task", "items", "tokens lm-eval", "tokens ours", "tokens min", "head rows lm-eval", "head rows ours",
+    "head rows min", "TFLOP lm-eval", "TFLOP ours", "TFLOP min", "FLOP ratio", "bound", "speed-up",
+    "speed-up / bound",
+)  # fmt: skip
+#: Every built-in benchmark task with its shots (``recall`` has no lm-eval counterpart).
+ALL_TASKS = ("mmlu", "piqa", "arc_easy", "arc_challenge", "winogrande", "winogrande:5", "hellaswag", "boolq")
 ACCURACY_HEADER = (
     "model", "run", "items", "ours bs", "lm-eval bs", "ours acc", "ours acc_norm", "ours s", "lm-eval acc",
     "lm-eval acc_norm", "lm-eval s", "max abs Δll",
@@ -69,12 +79,42 @@ def _metric(metrics: dict[str, float], name: str) -> str:
     return f"{metrics[name]:.4f}" if name in metrics else "–"
 
 
+def _task_shots(spec: str) -> tuple[str, int]:
+    """``name`` or ``name:shots``; a bare name takes the task's lm-eval default (5 for MMLU, else 0)."""
+    name, _, shots = spec.partition(":")
+    return name, int(shots) if shots else (5 if name == "mmlu" else 0)
+
+
+def _work_row(
+    model: Any, label: str, n: int, ref: Work, ours: Work, least: Work, speed_up: float, spread: str
+) -> list[str]:
+    """A row of the work table: counts and FLOPs of each tool and of the least exact evaluation, the FLOP ratio
+    lm-eval / ours, the bound lm-eval / least, and the measured speed-up against that bound."""
+    flops = [w.flops(model) for w in (ref, ours, least)]
+    bound = flops[0] / flops[2]
+    return [
+        *(label, str(n)),
+        *(str(w.tokens) for w in (ref, ours, least)),
+        *(str(w.head_rows) for w in (ref, ours, least)),
+        *(f"{f / 1e12:.2f}" for f in flops),
+        f"{flops[0] / flops[1]:.2f}x",
+        f"{bound:.2f}x",
+        f"{speed_up:.2f}x{spread}",
+        f"{speed_up / bound:.2f}",
+    ]
+
+
 def main() -> None:
     from inactive_heads.evaluation import evaluate
     from inactive_heads.tasks import get_task, subset
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--tasks", nargs="*", default=["mmlu", "piqa"], help="speed comparison tasks")
+    ap.add_argument(
+        "--tasks",
+        nargs="*",
+        default=list(ALL_TASKS),
+        help="speed comparison tasks, NAME or NAME:SHOTS (default: every built-in task)",
+    )
     ap.add_argument("--limit", type=int, default=100, help="speed runs: items per task (0: all)")
     ap.add_argument(
         "--mmlu-subjects",
@@ -90,7 +130,9 @@ def main() -> None:
         default=None,
         help="lm-eval batch sizes to time (default: the same as ours); accuracy runs use the first",
     )
-    ap.add_argument("--full", nargs="*", default=[], help="accuracy runs over the full task (ours and lm-eval)")
+    ap.add_argument(
+        "--full", nargs="*", default=[], help="accuracy runs over the full task (ours and lm-eval), NAME[:SHOTS]"
+    )
     ap.add_argument("--mmlu-limit", type=int, default=0, help="accuracy run of mmlu 5-shot on this many items")
     ap.add_argument("--skip-lm-eval", action="store_true", help="accuracy runs: ours only")
     ap.add_argument(
@@ -103,6 +145,11 @@ def main() -> None:
         type=int,
         default=1,
         help="speed runs: alternate ours and lm-eval this many times; median times and ratio",
+    )
+    ap.add_argument(
+        "--resume",
+        action="store_true",
+        help="speed runs: skip a task whose work row (same model, task, items) is already in the results file",
     )
     ap.add_argument("--threads", type=int, default=0)
     ap.add_argument(
@@ -132,22 +179,45 @@ def main() -> None:
         model_label = args.model_label or Path(args.model).name
     data = args.data_dir
 
-    for task in args.tasks:
-        shots = 5 if task == "mmlu" else 0
+    from inactive_heads.evaluation.requests import _build, _max_length
+
+    if args.tasks:
+        import lm_eval.models.huggingface  # noqa: F401  (imported before the first timed lm-eval run)
+
+    done = {tuple(row[:3]) for row in read_table("bench_eval_work", args.results)[1]} if args.resume else set()
+    for spec in args.tasks:
+        task, shots = _task_shots(spec)
         task_obj = get_task(task, data)
         label = f"{task} {shots}-shot"
         if task == "mmlu" and args.mmlu_subjects:
             task_obj = dataclasses.replace(task_obj, items=[x for x in task_obj.items if x.group in args.mmlu_subjects])
             label += f", {len(args.mmlu_subjects)} subjects"
+        items = subset(task_obj.items, args.limit or None)
+        label += f", {'full' if len(items) == len(task_obj.items) else 'stratified'}"
+        if (model_label, label, str(len(items))) in done:
+            print(f"{label}: already measured, skipped", flush=True)
+            continue
         evaluate(model, tok, task_obj, shots=shots, limit=8, batch_size=args.batch_size)  # warm-up, untimed
+        least = minimal_work(_build(task_obj, items, shots, tok, _max_length(model, tok), None, True))
         for lbs in args.lm_eval_batch_size or [args.batch_size]:
             # Ours and lm-eval alternate, so a drift in this shared machine's speed hits both sides alike.
             t_ours, t_ref = [], []
             for _ in range(args.repeats):
-                ours = evaluate(model, tok, task_obj, shots=shots, limit=args.limit or None, batch_size=args.batch_size)
-                ref = run_lm_eval(
-                    model, tok, task, ours.item_ids, args.out / f"{task}_{lbs}", data=data, shots=shots, batch_size=lbs
-                )
+                with Work().count(model) as work_ours:
+                    ours = evaluate(
+                        model, tok, task_obj, shots=shots, limit=args.limit or None, batch_size=args.batch_size
+                    )
+                with Work().count(model) as work_ref:
+                    ref = run_lm_eval(
+                        model,
+                        tok,
+                        task,
+                        ours.item_ids,
+                        args.out / f"{task}_{shots}_{lbs}",
+                        data=data,
+                        shots=shots,
+                        batch_size=lbs,
+                    )
                 t_ours.append(ours.timing["total_s"])
                 t_ref.append(ref["wall_s"])
             ratios = sorted(r / o for o, r in zip(t_ours, t_ref, strict=True))
@@ -156,7 +226,7 @@ def main() -> None:
             n = ours.n_items
             row = [
                 model_label,
-                f"{label}, {'full' if n == len(task_obj.items) else 'stratified'}",
+                label,
                 str(n),
                 str(args.batch_size),
                 str(lbs),
@@ -172,13 +242,16 @@ def main() -> None:
             print(" | ".join(row), flush=True)
             # Each row is written at once, so an interrupted run keeps what it measured.
             update_table("bench_eval_speed", SPEED_HEADER, [row], key=5, path=args.results)
+            work = _work_row(model, label, n, work_ref, work_ours, least, statistics.median(ratios), spread)
+            print(" | ".join(work), flush=True)
+            update_table("bench_eval_work", WORK_HEADER, [[model_label, *work]], key=3, path=args.results)
 
-    runs = [(t, None, 0) for t in args.full] + ([("mmlu", args.mmlu_limit, 5)] if args.mmlu_limit else [])
+    runs = [(*_task_shots(t), None) for t in args.full] + ([("mmlu", 5, args.mmlu_limit)] if args.mmlu_limit else [])
     # lm-eval keeps [batch, length, vocab] log-probs: Qwen's 152k vocabulary needs 24 GB for 5-shot MMLU at 8.
     acc_lbs = (args.lm_eval_batch_size or [args.batch_size])[0]
     args.out.mkdir(parents=True, exist_ok=True)
-    for task, limit, shots in runs:
-        ours_file, ref_file = args.out / f"ours_{task}_lls.json", args.out / f"lm_eval_{task}_lls.json"
+    for task, shots, limit in runs:
+        ours_file, ref_file = args.out / f"ours_{task}_{shots}_lls.json", args.out / f"lm_eval_{task}_{shots}_lls.json"
         # Cells left empty (the other half of a --skip-lm-eval / --lm-eval-only pair) keep their values in RESULTS.
         row = dict.fromkeys(ACCURACY_HEADER, "")
         row.update({"model": model_label, "run": f"{task} {shots}-shot, {'stratified' if limit else 'full'}"})
@@ -194,7 +267,7 @@ def main() -> None:
         if args.skip_lm_eval:
             ref_lls = _load_lls(ref_file)
         else:
-            out = args.out / f"full_{task}"
+            out = args.out / f"full_{task}_{shots}"
             ref = run_lm_eval(model, tok, task, ids, out, data=data, shots=shots, batch_size=acc_lbs)
             ref_lls = ref["loglikelihoods"]
             ref_file.write_text(json.dumps(ref_lls), encoding="utf-8")

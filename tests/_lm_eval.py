@@ -1,7 +1,8 @@
 """lm-evaluation-harness as the reference: its own default task files run on exactly the items we evaluate.
 
 :func:`run_lm_eval` writes local lm-eval task YAMLs (``include:`` of lm-eval's own default task files, the dataset
-overridden with local JSON files built straight from the raw benchmark files for exactly the given items) and runs
+overridden with local JSON files built straight from the raw benchmark files for exactly the given items, or for the
+whole split with the given items picked where that split is also the few-shot pool) and runs
 ``lm_eval.simple_evaluate`` with an HFLM wrapping the already-loaded model. Used by ``test_parity_lm_eval.py``,
 ``test_tasks.py`` and ``bench/bench_eval.py``.
 """
@@ -13,6 +14,7 @@ import importlib.util
 import json
 import os
 import time
+from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -69,9 +71,12 @@ def _dump(path: Path, rows: list[dict[str, Any]]) -> str:
     return str(path)
 
 
-def _yaml(path: Path, cfg: dict[str, Any]) -> None:
-    # JSON is valid YAML; lm-eval loads it with its own YAML loader.
-    path.write_text(json.dumps(cfg, indent=1), encoding="utf-8")
+def _local_task(out: Path, name: str, include: Path, files: dict[str, str], **overrides: Any) -> None:
+    """Task YAML ``name``: lm-eval's own ``include`` with its dataset swapped for the local JSON ``files`` (split ->
+    path); JSON is valid YAML, and lm-eval loads it with its own YAML loader."""
+    cfg = {"include": str(include), "task": name, "tag": [], "dataset_path": "json", "dataset_name": None}
+    cfg["dataset_kwargs"] = {"data_files": files}
+    (out / f"{name}.yaml").write_text(json.dumps({**cfg, **overrides}, indent=1), encoding="utf-8")
 
 
 def _line(path: Path, n: int, cache: dict[Path, list[str]]) -> str:
@@ -80,15 +85,37 @@ def _line(path: Path, n: int, cache: dict[Path, list[str]]) -> str:
     return cache[path][n - 1]
 
 
-def write_lm_eval_tasks(task: str, item_ids: list[str], out: Path, data: Path) -> dict[str, list[str]]:
-    """Local lm-eval tasks for exactly ``item_ids`` of ``task`` (mmlu, piqa, arc_easy, arc_challenge).
+def _pool_split(
+    item_ids: list[str], every: list[str], row: Callable[[str], dict[str, Any]], shots: int, path: Path
+) -> tuple[str, list[str], list[int] | None]:
+    """The evaluated split of a task whose few-shot pool is that split itself (WinoGrande, HellaSwag, BoolQ: no
+    train split offline), written for lm-eval with its training split dropped, so that lm-eval draws ``shots + 1``
+    examples from it and drops the evaluated doc, as :meth:`inactive_heads.tasks.Task.fewshot_examples` does.
+
+    0-shot: only ``item_ids`` are written. k-shot: every item of the split (``every``, in file order), so that
+    lm-eval's pool is ours, and lm-eval's ``samples`` picks the evaluated ones. Returns (file, item id per
+    written doc, ``samples`` or None).
+    """
+    if not shots:
+        return _dump(path, [row(i) for i in item_ids]), list(item_ids), None
+    where = {iid: k for k, iid in enumerate(every)}
+    picked = sorted(where[i] for i in item_ids)
+    return _dump(path, [row(i) for i in every]), list(every), picked
+
+
+def write_lm_eval_tasks(
+    task: str, item_ids: list[str], out: Path, data: Path, shots: int = 0
+) -> tuple[dict[str, list[str]], dict[str, list[int]] | None]:
+    """Local lm-eval tasks for exactly ``item_ids`` of ``task`` (every built-in task but ``recall``).
 
     ``data`` is the benchmark folder (the layout of ``$INACTIVE_HEADS_DATA``). Returns lm-eval task name -> item ids
-    in that task's doc order (doc_id i is the i-th id).
+    in that task's doc order (the logged doc_id i is the i-th id), and lm-eval's ``samples`` (the doc ids to
+    evaluate per task; None: every doc written).
     """
     tasks_dir, cache = lm_eval_tasks_dir(), {}
     out.mkdir(parents=True, exist_ok=True)
     names: dict[str, list[str]] = {}
+    samples: dict[str, list[int]] = {}
     if task.startswith("mmlu"):
         by_subject: dict[str, list[str]] = {}
         for i in item_ids:
@@ -109,17 +136,7 @@ def write_lm_eval_tasks(task: str, item_ids: list[str], out: Path, data: Path) -
                 "dev": _dump(out / f"mmlu_{subject}_dev.jsonl", dev),
             }
             name = f"local_mmlu_{subject}"
-            _yaml(
-                out / f"{name}.yaml",
-                {
-                    "include": str(tasks_dir / "mmlu" / "default" / f"mmlu_{subject}.yaml"),
-                    "task": name,
-                    "tag": [],
-                    "dataset_path": "json",
-                    "dataset_name": None,
-                    "dataset_kwargs": {"data_files": files},
-                },
-            )
+            _local_task(out, name, tasks_dir / "mmlu" / "default" / f"mmlu_{subject}.yaml", files)
             names[name] = ids
     elif task == "piqa":
         labels = (data / "piqa" / "valid-labels.lst").read_text().split("\n")
@@ -129,17 +146,7 @@ def write_lm_eval_tasks(task: str, item_ids: list[str], out: Path, data: Path) -
             r = json.loads(_line(data / "piqa" / "valid.jsonl", n, cache))
             rows.append({**r, "label": int(labels[n - 1])})
         files = {"validation": _dump(out / "piqa.jsonl", rows)}
-        _yaml(
-            out / "local_piqa.yaml",
-            {
-                "include": str(tasks_dir / "piqa" / "piqa.yaml"),
-                "task": "local_piqa",
-                "dataset_path": "json",
-                "dataset_name": None,
-                "dataset_kwargs": {"data_files": files},
-                "training_split": None,
-            },
-        )
+        _local_task(out, "local_piqa", tasks_dir / "piqa" / "piqa.yaml", files, training_split=None)
         names["local_piqa"] = list(item_ids)
     elif task in ("arc_easy", "arc_challenge"):
         sub = "ARC-Easy" if task == "arc_easy" else "ARC-Challenge"
@@ -156,23 +163,64 @@ def write_lm_eval_tasks(task: str, item_ids: list[str], out: Path, data: Path) -
                 }
             )
         files = {"test": _dump(out / f"{task}.jsonl", rows)}
-        _yaml(
-            out / f"local_{task}.yaml",
-            {
-                "include": str(tasks_dir / "arc" / f"{task}.yaml"),
-                "task": f"local_{task}",
-                "tag": [],
-                "dataset_path": "json",
-                "dataset_name": None,
-                "dataset_kwargs": {"data_files": files},
-                "training_split": None,
-                "validation_split": None,
-            },
-        )
+        include = tasks_dir / "arc" / f"{task}.yaml"
+        _local_task(out, f"local_{task}", include, files, training_split=None, validation_split=None)
         names[f"local_{task}"] = list(item_ids)
+    elif task in ("winogrande", "hellaswag", "boolq"):
+        every, row = _pool_rows(task, data)
+        file, ids, picked = _pool_split(item_ids, every, row, shots, out / f"{task}.jsonl")
+        include = {
+            "winogrande": tasks_dir / "winogrande" / "default.yaml",
+            "hellaswag": tasks_dir / "hellaswag" / "hellaswag.yaml",
+            "boolq": tasks_dir / "super_glue" / "boolq" / "default.yaml",
+        }[task]
+        _local_task(out, f"local_{task}", include, {"validation": file}, training_split=None)
+        names[f"local_{task}"] = ids
+        if picked is not None:
+            samples[f"local_{task}"] = picked
     else:
         raise ValueError(f"no lm-eval counterpart written for {task!r}")
-    return names
+    return names, samples or None
+
+
+def _pool_rows(task: str, data: Path) -> tuple[list[str], Callable[[str], dict[str, Any]]]:
+    """Every item id of WinoGrande's, HellaSwag's or BoolQ's evaluated split in file order, and the lm-eval
+    dataset row of an item id (the fields lm-eval's task file reads, from the raw file)."""
+    from inactive_heads.tasks import get_task
+
+    if task == "hellaswag":
+        # The local file is the derived text format (one line "activity_label: context", see
+        # ``inactive_heads.tasks.hellaswag``). lm-eval's query is preprocess(activity_label + ": " + ctx_a + " " +
+        # ctx_b.capitalize()) and preprocess strips, so an empty ctx_b gives lm-eval exactly the context we score.
+        by_id = {it.id: it for it in get_task("hellaswag", data).items}
+
+        def swag(i: str) -> dict[str, Any]:
+            it = by_id[i]
+            label, _, ctx = it.contexts[0].partition(": ")
+            return {
+                "activity_label": label,
+                "ctx_a": ctx,
+                "ctx_b": "",
+                "endings": list(it.continuations),
+                "label": str(it.gold),
+            }
+
+        return list(by_id), swag
+    folder, file, prefix = {
+        "winogrande": ("winogrande", "dev.jsonl", "winogrande/dev"),
+        "boolq": ("boolq", "val.jsonl", "boolq/val"),
+    }[task]
+    lines = (data / folder / file).read_text(encoding="utf-8").splitlines()
+    # BoolQ's label comes in several spellings (bool, 0/1, "true"); the loader's reading of it is the label.
+    gold = {it.id: it.gold for it in get_task("boolq", data).items} if task == "boolq" else {}
+
+    def raw(i: str) -> dict[str, Any]:
+        r = json.loads(lines[int(i.split(":")[1]) - 1])
+        if task == "boolq":
+            return {"question": r["question"], "passage": r["passage"], "label": gold[i]}
+        return {key: r[key] for key in ("qID", "sentence", "option1", "option2", "answer")}
+
+    return [f"{prefix}:{k + 1}" for k in range(len(lines))], raw
 
 
 def run_lm_eval(
@@ -191,7 +239,7 @@ def run_lm_eval(
     from lm_eval.models.huggingface import HFLM
     from lm_eval.tasks import TaskManager
 
-    names = write_lm_eval_tasks(task, item_ids, out, data)
+    names, samples = write_lm_eval_tasks(task, item_ids, out, data, shots)
     lm = HFLM(pretrained=model, tokenizer=tokenizer, batch_size=batch_size, device=str(model.device))
     tm = TaskManager(include_path=str(out))
     t0 = time.perf_counter()
@@ -199,6 +247,7 @@ def run_lm_eval(
         model=lm,
         tasks=list(names),
         num_fewshot=shots,
+        samples=samples,
         log_samples=True,
         task_manager=tm,
         bootstrap_iters=0,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import random
 
 import pytest
 import torch
@@ -14,7 +15,7 @@ from hypothesis import strategies as st
 from inactive_heads.engine import Policy, record_scores, watch
 from inactive_heads.evaluation import EvalResult, evaluate
 from inactive_heads.evaluation.batching import _fill_rows
-from inactive_heads.tasks import Item, Task
+from inactive_heads.tasks import FEWSHOT_SEED, Item, Task
 from inactive_heads.tasks.recall import recall_task
 
 
@@ -68,14 +69,29 @@ def _single_token_task() -> Task:
     return Task("single", items, metrics=("acc",), target_delimiter="")
 
 
+def _partial_task() -> Task:
+    """WinoGrande-like partial scoring: the choices are two contexts (the sentence up to the blank, filled with each
+    option) sharing the scored rest of the sentence; k-shot examples drawn at random from the evaluated items."""
+    names = [("Anna", "Bert"), ("the cup", "the jug"), ("Carla", "Dmitri"), ("the red box", "the tin")]
+    items = []
+    for i in range(8):
+        a, b = names[i % 4]
+        sentence = f"Item {i}: {a} could not lift {b} because _ was too {'weak' if i % 2 else 'heavy'}."
+        k = sentence.index("_")
+        ctxs = (sentence[:k] + a, sentence[:k] + b)
+        items.append(Item(f"w:{i}", ctxs, (sentence[k + 1 :].strip(),), i % 2))
+    return Task("partial", items, fewshot={"": items}, fewshot_excludes_item=True)
+
+
 def _naive_lls(model, tok, task: Task, result: EvalResult, shots: int, policy: Policy | None) -> list[list[float]]:
     """One (item, choice) sequence at a time, no batching, no padding: lm-eval's encoding, summed log-probs."""
     items = {it.id: it for it in task.items}
+    rnd = random.Random(FEWSHOT_SEED)  # the few-shot draws of the evaluation, item by item in its order
     out = []
     with watch(model, policy=policy) as _w, torch.no_grad():
         for iid in result.item_ids:
             item = items[iid]
-            examples = list(task.fewshot[""][:shots]) if shots else []
+            examples = task.fewshot_examples(item, shots, rnd)
             row = []
             for ctx, cont in task.requests(item, examples):
                 ctx_ids = tok(ctx)["input_ids"]
@@ -125,6 +141,26 @@ def test_packed_item_contexts_match_whole_sequences(tok, arch, impl, task_fn):
         assert packed.is_greedy == whole.is_greedy
         assert packed.timing["forward_tokens"] < whole.timing["forward_tokens"]
     assert model.config._attn_implementation == impl
+
+
+@pytest.mark.parametrize("impl", ["sdpa", "eager"])
+def test_partial_scoring_with_random_shots_runs_the_shared_prefix_once(tok, impl):
+    """WinoGrande k-shot: an item's two sequences agree up to the blank's filler (its own few-shot block and the
+    sentence before the blank), which runs once, each choice's filler and the shared continuation behind it."""
+    model = tiny_model("llama", seed=2)
+    model.set_attn_implementation(impl)
+    task = _partial_task()
+    whole = evaluate(model, tok, task, shots=2, batch_size=1, share_prefix=False)
+    naive = _naive_lls(model, tok, task, whole, 2, None)
+    assert _close(whole.loglikelihoods, naive, 2e-4)
+    for bs in (1, 3, 16):
+        packed = evaluate(model, tok, task, shots=2, batch_size=bs)
+        assert _close(packed.loglikelihoods, naive, 2e-4) and packed.pred == whole.pred
+        assert packed.is_greedy == whole.is_greedy
+    # One block per row at batch size 1 (no padding): the shared prefix, then each choice's filler and
+    # continuation. The prefix (two examples and the sentence's start) is most of a sequence.
+    packed = evaluate(model, tok, task, shots=2, batch_size=1)
+    assert packed.timing["forward_tokens"] < 0.6 * whole.timing["forward_tokens"]
 
 
 def test_without_output_embeddings_full_logits_give_the_same_numbers(model, tok, monkeypatch):
