@@ -154,9 +154,10 @@ class RayExecutor(Executor):
     ``address``: a running Ray cluster (``auto``, ``ray://host:10001``, ``host:6379``); None starts a local Ray
     instance (unless this process already joined one) and stops it at the end. ``init`` options go to ``ray.init``
     for a local instance (e.g. ``num_cpus=2``). Each model gets ``resources.workers`` actors, each reserving
-    ``cpus``/``gpus``/``memory_gb`` (Ray starts an actor when a node has them free), and a model's actors are
-    released when its last job ends. A dead actor (killed process, lost node) is restarted up to ``max_restarts``
-    times and its job retried; only its job in flight is lost.
+    ``cpus``/``gpus``/``memory_gb`` (Ray starts an actor when a node has them free; a worker no node could ever
+    hold is refused before anything runs), and a model's actors are released when its last job ends. A dead actor
+    (killed process, lost node) is restarted up to ``max_restarts`` times and its job retried; only its job in
+    flight is lost.
     """
 
     name = "ray"
@@ -190,7 +191,7 @@ class RayExecutor(Executor):
 
     def run(self, groups: Sequence[WorkerGroup], on_result: Callable[[WorkerGroup, Job, Any], list[Job]]) -> None:
         ray = _import_ray()
-        _check_fits(ray, [g for g in groups if g.jobs], local=self._started and self.address is None)
+        _check_fits(ray, [g for g in groups if g.jobs])
         actor_class = ray.remote(_ModelWorker)
         queued = {id(g): deque(g.jobs) for g in groups}
         actors: dict[int, list[Any]] = {id(g): [] for g in groups}
@@ -262,22 +263,26 @@ def _get(ray: Any, ref: Any, group: WorkerGroup) -> Any:
         ) from None
 
 
-def _check_fits(ray: Any, groups: Sequence[WorkerGroup], local: bool) -> None:
-    """Refuse (local instance) or warn about (cluster, which may grow) a worker no node of the cluster can hold."""
-    total = ray.cluster_resources()
+def _check_fits(ray: Any, groups: Sequence[WorkerGroup]) -> None:
+    """Refuse a worker that no node of the cluster can hold: Ray would wait for such a node forever."""
+    nodes = [n.get("Resources", {}) for n in ray.nodes() if n.get("Alive")]
     for g in groups:
         r = g.resources
         need = {"CPU": 1 if r.cpus is None else r.cpus, "GPU": r.gpus, "memory": (r.memory_gb or 0) * 2**30}
-        short = [k for k, v in need.items() if v and total.get(k, 0) < v]
-        if not short:
+        need = {k: v for k, v in need.items() if v}
+        if any(all(node.get(k, 0) >= v for k, v in need.items()) for node in nodes):
             continue
-        message = (
-            f"a worker of model {g.name} asks for {', '.join(f'{k} {need[k]:g}' for k in short)} but the Ray "
-            f"cluster has {', '.join(f'{k} {total.get(k, 0):g}' for k in short)}; lower [resources] in the study file"
+        most = {k: max((node.get(k, 0) for node in nodes), default=0) for k in need}
+        asked = ", ".join(f"{k} {_amount(k, v)}" for k, v in need.items())
+        has = ", ".join(f"{k} {_amount(k, v)}" for k, v in most.items())
+        raise ValueError(
+            f"a worker of model {g.name} asks for {asked}, but the largest node of the Ray cluster has {has}; "
+            "lower [resources] in the study file, or start larger nodes first"
         )
-        if local:
-            raise ValueError(message)
-        print(f"warning: {message} (or add nodes)", file=sys.stderr)
+
+
+def _amount(resource: str, value: float) -> str:
+    return f"{value / 2**30:.3g} GB" if resource == "memory" else f"{value:g}"
 
 
 def _import_ray() -> Any:

@@ -18,6 +18,7 @@ from __future__ import annotations
 import os
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -60,10 +61,11 @@ class _Run:
     seed: int
     batch_size: int
     data_dir: str | None
+    progress: bool
 
-    @property
-    def label(self) -> str:
-        return f"{self.model.name} {self.task.name}"
+    def bar(self, bar: Bar, what: str) -> Callable[[int], Any] | bool:
+        """``evaluate``'s progress: a bar over the sequences of ``what``, when the study shows progress."""
+        return partial(bar, desc=f"{self.model.name} {self.task.name} {what}") if self.progress else False
 
     def config(self) -> EvalConfig:
         return EvalConfig(
@@ -142,7 +144,7 @@ class _Calibrate:
             calibration_task=t.calibration_task and worker.task(t.calibration_task, t.source, r.data_dir),
             calibration_limit=t.calibration_limit,
             model_name=r.model.name,
-            progress=partial(bar, desc=f"{r.label} calibration"),
+            progress=r.bar(bar, "calibration"),
         )
 
 
@@ -163,7 +165,7 @@ class _Cell:
                 r.dir,
                 c,
                 r.config(),
-                progress=partial(bar, desc=f"{r.label} {c.score or 'baseline'} p={c.target}"),
+                progress=r.bar(bar, f"{c.score or 'baseline'} p={c.target}"),
             )
         )
 
@@ -237,7 +239,7 @@ def study(
         for name in filter(None, (t.name, t.calibration_task)):
             get_task(name, data_dir, t.source)
     runs = [
-        _Run(m, t, out / "runs" / spec.run_name(m, t), spec.seed, spec.batch_size, data_dir)
+        _Run(m, t, out / "runs" / spec.run_name(m, t), spec.seed, spec.batch_size, data_dir, progress)
         for m in spec.models
         for t in spec.tasks
     ]
