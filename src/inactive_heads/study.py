@@ -24,12 +24,12 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
+from ._sweep import PlannedCell, calibrate, compute_cell, plan_cells
 from .evaluation import EvalConfig
 from .executors import EXECUTORS, Bar, Executor, Job, WorkerGroup
 from .rundir import RunDir
 from .store import atomic_write_json, package_version
 from .studyfile import Study, StudyModel, StudyTask, load_study
-from ._sweep import PlannedCell, calibrate, compute_cell, plan_cells
 from .tasks import DATA_ENV, Task, get_task
 
 __all__ = ["StudyResult", "study"]
