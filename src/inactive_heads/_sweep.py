@@ -12,7 +12,7 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from transformers import PreTrainedModel
 
@@ -22,10 +22,13 @@ from .evaluation import EvalConfig
 from .rundir import Cell, RunDir, display_name, model_identity, run_digest, run_record, task_fingerprint
 from .scores import SCORE_FUNCTIONS, HeadScores
 from .store import cell_key
-from .tasks import Task, get_task
+from .tasks import Task, get_task, heldout
 from .thresholds import DEFAULT_TARGETS, check_targets, thresholds_for
 
-__all__ = ["PlannedCell", "calibrate", "compute_cell", "plan_cells", "sweep"]
+__all__ = ["CalibrationItems", "PlannedCell", "calibrate", "compute_cell", "plan_cells", "sweep"]
+
+#: Which items a calibration records: the evaluated ones (the paper's protocol) or others of the same task.
+CalibrationItems = Literal["same", "heldout"]
 
 
 def _task(task: str | Task, config: EvalConfig) -> Task:
@@ -72,6 +75,7 @@ def calibrate(
     *,
     calibration_task: str | Task | None = None,
     calibration_limit: int | None = None,
+    calibration_items: CalibrationItems = "same",
     model_name: str | None = None,
     progress: bool | Callable[[int], Any] = True,
     **options: Any,
@@ -79,7 +83,9 @@ def calibrate(
     """Write ``run.json`` and record every score on the calibration items into ``calibration/``.
 
     Calibration runs ``evaluation.evaluate(..., record=True)`` on ``calibration_task`` (default: ``task``) with
-    ``calibration_limit`` items (default: ``config.limit``). An existing calibration is reused only when it was made
+    ``calibration_limit`` items (default: ``config.limit``). ``calibration_items="heldout"`` calibrates on items of
+    the evaluated task that are not evaluated (:func:`~inactive_heads.tasks.heldout`) instead of the evaluated ones
+    (``"same"``, the paper's protocol). An existing calibration is reused only when it was made
     for this run (same run record) with the same calibration items and options; otherwise it is refused.
     ``config``: the evaluation options (:class:`~inactive_heads.evaluation.EvalConfig`); ``options``: any of its
     fields by name, applied on top. ``progress``: ``evaluate``'s bar over the calibration's sequences.
@@ -90,6 +96,12 @@ def calibrate(
     config = config.replace(shots=config.shots_for(task_obj))
     run = _run_record(model, task_obj, config, model_name)
     cal_task = task_obj if calibration_task is None else _task(calibration_task, config)
+    if calibration_items == "heldout":
+        if calibration_task is not None:
+            raise ValueError("a held-out calibration takes items of the evaluated task; drop calibration_task")
+        cal_task = heldout(task_obj, config.limit, config.seed)
+    elif calibration_items != "same":
+        raise ValueError(f"calibration_items must be 'same' or 'heldout', got {calibration_items!r}")
     cal_config = config if calibration_limit is None else config.replace(limit=calibration_limit)
     # Refuse bad settings before run.json exists: a rejected command must not claim the run directory.
     evaluation.check_request(task_obj, config)
@@ -119,6 +131,7 @@ def calibrate(
             "shots": cal_config.shots,
             "limit": cal_config.limit,
             "seed": cal_config.seed,
+            "items": calibration_items,
             "rows": scores.shape[0],
             "n_items": result.n_items,
             "accuracy": result.metrics["acc"],
@@ -245,6 +258,7 @@ def sweep(
     targets: Iterable[float] = DEFAULT_TARGETS,
     calibration_task: str | Task | None = None,
     calibration_limit: int | None = None,
+    calibration_items: CalibrationItems = "same",
     model_name: str | None = None,
     progress: bool = True,
     on_cell: Callable[[str, dict[str, Any]], None] | None = None,
@@ -273,6 +287,7 @@ def sweep(
         config,
         calibration_task=calibration_task,
         calibration_limit=calibration_limit,
+        calibration_items=calibration_items,
         model_name=model_name,
         progress=progress,
     )

@@ -106,6 +106,7 @@ def _cmd_calibrate(args: argparse.Namespace) -> None:
         _eval_config(args),
         calibration_task=args.calibration_task,
         calibration_limit=args.calibration_limit,
+        calibration_items=args.calibration_items,
         model_name=args.name,
     )
     rows, layers, heads = scores.shape
@@ -125,6 +126,7 @@ def _run_sweep(args: argparse.Namespace, model: Any, tok: Any, run_dir: Path) ->
         targets=args.targets,
         calibration_task=args.calibration_task,
         calibration_limit=args.calibration_limit,
+        calibration_items=args.calibration_items,
         model_name=args.name,
     )
 
@@ -241,6 +243,12 @@ def _add_run_options(p: argparse.ArgumentParser, *, model_required: bool = True,
     p.add_argument("--name", default=None, help="model name shown in reports (default: from the model)")
     p.add_argument("--calibration-task", default=None, help="record scores on another task (default: the evaluated)")
     p.add_argument("--calibration-limit", type=_count(1), default=None)
+    p.add_argument(
+        "--calibration-items",
+        choices=("same", "heldout"),
+        default="same",
+        help="calibrate on the evaluated items (the paper's protocol) or on other items of the same task",
+    )
 
 
 def _add_sweep_options(p: argparse.ArgumentParser, scores: str, targets: Sequence[float]) -> None:

@@ -143,6 +143,7 @@ class _Calibrate:
             r.config(),
             calibration_task=t.calibration_task and worker.task(t.calibration_task, t.source, r.data_dir),
             calibration_limit=t.calibration_limit,
+            calibration_items=t.calibration_items,  # type: ignore[arg-type]
             model_name=r.model.name,
             progress=r.bar(bar, "calibration"),
         )
@@ -197,10 +198,10 @@ class _Plan:
 
     def cells(self, run: _Run) -> list[Job]:
         """Jobs for the cells of calibrated ``run`` that are not stored yet."""
-        spec = self.spec
-        cells = plan_cells(run.dir, scores=spec.scores, targets=spec.targets)
+        scores, targets = self.spec.scores_of(run.task), self.spec.targets_of(run.task)
+        cells = plan_cells(run.dir, scores=scores, targets=targets)
         self.keys[run.dir] = [c.key for c in cells]
-        self.total -= 1 + len(spec.scores) * len(spec.targets) - len(cells)  # tied targets share a cell
+        self.total -= 1 + len(scores) * len(targets) - len(cells)  # tied targets share a cell
         store = RunDir(run.dir).cell_store()
         missing = [c for c in cells if not store.has(c.key)]
         self.reused += len(cells) - len(missing)

@@ -19,7 +19,9 @@ from pathlib import Path
 from typing import Any
 
 from .rundir import slug
+from .scores import SCORE_FUNCTIONS
 from .store import canonical_json
+from .thresholds import check_targets
 
 __all__ = ["DTYPES", "Resources", "Study", "StudyFileError", "StudyModel", "StudyTask", "load_study", "parse_study"]
 
@@ -67,6 +69,9 @@ class StudyTask:
     source: str = "files"
     calibration_task: str | None = None
     calibration_limit: int | None = None
+    calibration_items: str = "same"
+    scores: tuple[str, ...] | None = None
+    targets: tuple[float, ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -89,7 +94,15 @@ class Study:
     def max_cells(self) -> int:
         """Cells of the grid: per (model, task) the baseline and every (score, target). Targets that calibrate to
         the same threshold share a cell, so a study may store fewer."""
-        return len(self.models) * len(self.tasks) * (1 + len(self.scores) * len(self.targets))
+        return len(self.models) * sum(1 + len(self.scores_of(t)) * len(self.targets_of(t)) for t in self.tasks)
+
+    def scores_of(self, task: StudyTask) -> tuple[str, ...]:
+        """The score functions of ``task``'s grid: its own list, else the study's."""
+        return self.scores if task.scores is None else task.scores
+
+    def targets_of(self, task: StudyTask) -> tuple[float, ...]:
+        """The target fractions of ``task``'s grid: its own list, else the study's."""
+        return self.targets if task.targets is None else task.targets
 
     def normalized(self) -> dict[str, Any]:
         """The study as plain JSON types, every default filled in: what a study directory records."""
@@ -259,9 +272,7 @@ def parse_study(
 ) -> Study:
     """Validate the parsed TOML ``data`` of a study file (paths relative to ``base``; ``where`` names the file)."""
     from .plugins import load_plugins
-    from .scores import SCORE_FUNCTIONS
     from .tasks import TASKS
-    from .thresholds import check_targets
 
     base = Path(base).absolute()
 
@@ -283,25 +294,8 @@ def parse_study(
     if data_dir is not None:
         data_dir = _path(data_dir, base, lambda m: top.fail("data_dir", m))
 
-    raw_scores = top.get("scores", (str, list), "all")
-    if raw_scores == "all":
-        scores = tuple(SCORE_FUNCTIONS)
-    else:
-        scores = top.strings("scores") if isinstance(raw_scores, list) else (raw_scores,)
-        unknown = [s for s in scores if s not in SCORE_FUNCTIONS]
-        if unknown or not scores:
-            what = f"{unknown[0]!r} is not a registered score" if unknown else "empty"
-            raise top.fail("scores", f'{what}; registered: {", ".join(SCORE_FUNCTIONS)} (or "all")')
-        if len(set(scores)) != len(scores):
-            raise top.fail("scores", "lists a score twice")
-
-    targets = top.get("targets", list)
-    if not targets or any(isinstance(p, bool) or not isinstance(p, (int, float)) for p in targets):
-        raise top.fail("targets", f"expected a non-empty array of fractions of heads, got {targets!r}")
-    try:
-        targets = tuple(check_targets(targets))
-    except ValueError as e:
-        raise top.fail("targets", str(e)) from None
+    scores = _scores(top, "all")
+    targets = _targets(top, _REQUIRED)
 
     defaults = _resources(top.get("resources", dict, {}), "resources.", error, Resources())
 
@@ -335,7 +329,12 @@ def parse_study(
             source=t.get("source", str, "files"),
             calibration_task=t.get("calibration_task", str, None),
             calibration_limit=t.count("calibration_limit", 1, None),
+            calibration_items=t.choice("calibration_items", ("same", "heldout"), "same"),
+            scores=_scores(t, None),
+            targets=_targets(t, None),
         )
+        if task.calibration_items == "heldout" and task.calibration_task is not None:
+            raise t.fail("calibration_items", "a held-out calibration uses the task's own items; drop calibration_task")
         for key in ("name", "calibration_task"):
             value = getattr(task, key)
             if value is not None and value not in TASKS:
@@ -384,6 +383,34 @@ def parse_study(
         pairs=tuple(pairs),
         series=tuple(series),
     )
+
+
+def _scores(t: _Table, default: Any) -> Any:
+    raw = t.get("scores", (str, list), default)
+    if raw is None:
+        return None
+    if raw == "all":
+        return tuple(SCORE_FUNCTIONS)
+    scores = t.strings("scores") if isinstance(raw, list) else (raw,)
+    unknown = [s for s in scores if s not in SCORE_FUNCTIONS]
+    if unknown or not scores:
+        what = f"{unknown[0]!r} is not a registered score" if unknown else "empty"
+        raise t.fail("scores", f'{what}; registered: {", ".join(SCORE_FUNCTIONS)} (or "all")')
+    if len(set(scores)) != len(scores):
+        raise t.fail("scores", "lists a score twice")
+    return scores
+
+
+def _targets(t: _Table, default: Any) -> Any:
+    targets = t.get("targets", list, default)
+    if targets is None:
+        return None
+    if not targets or any(isinstance(p, bool) or not isinstance(p, (int, float)) for p in targets):
+        raise t.fail("targets", f"expected a non-empty array of fractions of heads, got {targets!r}")
+    try:
+        return tuple(check_targets(targets))
+    except ValueError as e:
+        raise t.fail("targets", str(e)) from None
 
 
 def _default_model_name(spec: str) -> str:
