@@ -82,6 +82,8 @@ def _evaluation_seconds(out: Path) -> float:
 
 def scaling(args: argparse.Namespace) -> None:
     study = ih.load_study(args.study)
+    if args.limit:
+        study = study.with_limit(args.limit)
     results_path = args.out / "results.json"
     results = json.loads(results_path.read_text()) if results_path.is_file() else {}
     for name in args.configs:
@@ -105,6 +107,7 @@ def scaling(args: argparse.Namespace) -> None:
             "evaluation_s": evaluating,
             "workers": workers,
             "threads": cpus or os.cpu_count(),
+            "items": max(t.limit or 0 for t in study.tasks),
             "when": time.strftime("%Y-%m-%d %H:%M"),
         }
         atomic_write_json(results_path, results)
@@ -127,6 +130,7 @@ def scaling(args: argparse.Namespace) -> None:
             [
                 name,
                 f"{r['workers']} x {r['threads']:g}",
+                f"{r.get('items', '')}",
                 f"{r['cells']}",
                 f"{r['wall_s'] / 60:.1f}",
                 f"{3600 * r['cells'] / r['wall_s']:.0f}",
@@ -140,6 +144,7 @@ def scaling(args: argparse.Namespace) -> None:
     header = [
         "executor",
         "workers x threads",
+        "items per task",
         "cells",
         "wall min",
         "cells/hour",
@@ -203,6 +208,7 @@ def main() -> None:
     p.add_argument("--out", type=Path, default=Path("/tmp/ih-bench-study"))
     p.add_argument("--configs", nargs="+", default=list(CONFIGS), choices=list(CONFIGS))
     p.add_argument("--progress", action="store_true", help="show the study's progress bars")
+    p.add_argument("--limit", type=int, default=0, help="items per task (0: the study file's)")
     p.set_defaults(fn=scaling)
     p = sub.add_parser("paper")
     p.set_defaults(fn=paper)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -134,10 +135,20 @@ def test_local_study_computes_every_cell_and_writes_one_report(local_run):
     recorded = json.loads((local_run.out / "study.json").read_text())
     assert recorded["study"]["name"] == "tiny" and recorded["study"]["scores"] == ["ahon_ln", "ahon_sq"]
     md = (local_run.out / "report" / "report.md").read_text()
-    for heading in ("# Study tiny", "## recall (0-shot, 6 items)", "## recall_short (0-shot, 6 items)"):
+    for heading in (
+        "# Study tiny",
+        "## recall (0-shot, 6 items; calibrated on the evaluated items)",
+        "## recall_short (0-shot, 6 items; calibrated on the evaluated items)",
+    ):
         assert heading in md
     assert "| score | label | llama | qwen | mean rank |" in md  # Table 2 across models, per task
-    assert "### llama vs qwen — recall (0-shot, 6 items)" in md  # the declared pair
+    # Bootstrap intervals beside Table 2's values and ranks, and which rank differences are significant.
+    assert re.search(r"\| AHON \(LN\) \| \d+\.\d \[\d+\.\d, \d+\.\d\] \(\d(\.5)? \[\d", md)
+    assert md.count("rank differences significant at 95%") == 4
+    assert "## Overlap between score functions" in md and "### llama — calibration on recall" in md
+    assert "## Threshold stability across tasks" in md and "| threshold on recall | threshold on recall_short |" in md
+    assert "## Calibration protocols" not in md  # every task is calibrated one way only
+    assert "### llama vs qwen — recall (0-shot, 6 items; calibrated on the evaluated items)" in md  # the declared pair
     assert local_run.report is not None and local_run.report.is_file()
 
 
@@ -304,4 +315,5 @@ def test_offline_example_runs_on_both_executors_with_the_same_cells(tmp_path, ca
     assert _cells(local) == _cells(ray) and len(_cells(local)) == 50
     for out in (local, ray):
         md = (out / "report" / "report.md").read_text()
-        assert "## recall (0-shot, 4 items)" in md and "## mmlu (0-shot, 4 items)" in md
+        assert "## recall (0-shot, 4 items; calibrated on the evaluated items)" in md
+        assert "## mmlu (0-shot, 4 items; calibrated on the evaluated items)" in md

@@ -68,6 +68,8 @@ def resample_counts(n_items: int, n_resamples: int, seed: int) -> np.ndarray:
 
 def _interval(point: float, samples: np.ndarray, level: float) -> Interval:
     tail = (1 - level) / 2 * 100
+    if np.isnan(samples).all():  # e.g. an AUC, undefined when every resample has a zero baseline
+        return Interval(float(point), float("nan"), float("nan"))
     low, high = np.nanpercentile(samples, [tail, 100 - tail])
     return Interval(float(point), float(low), float(high))
 
