@@ -156,7 +156,7 @@ def _run_section(
     doc: Document, run: RunData, rows: list[dict[str, object]], tag: str, boot: Bootstrap | None = None
 ) -> None:
     """One run: its settings, its Table 2, the curves, the zeroed-heads map of its best cell, and every cell."""
-    cfg = {**run.run.get("evaluation", {}), **run.run}
+    cfg = run.settings
     doc.p(
         f"shots {cfg.get('shots')}, limit {cfg.get('limit')}, seed {cfg.get('seed')}, "
         f"{cfg.get('n_layers')} layers × {cfg.get('n_heads')} heads, package {cfg.get('package_version')}; "
@@ -307,7 +307,7 @@ def _shown(run: RunData, keys: Iterable[str] | None) -> RunData:
 
 
 def _task_label(run: RunData) -> str:
-    cfg = {**run.run.get("evaluation", {}), **run.run}
+    cfg = run.settings
     limit = "all items" if cfg.get("limit") is None else f"{cfg.get('limit')} items"
     return f"{cfg.get('task')} ({cfg.get('shots')}-shot, {limit}; {calibration_label(run)})"
 
@@ -317,10 +317,10 @@ def _significance(doc: Document, runs: Sequence[RunData], boots: Sequence[Bootst
         if boot is None:
             continue
         pairs = significant_pairs(boot)
-        listed = "; ".join(f"{score_label(a)} > {score_label(b)} ({100 * p:.1f}%)" for a, b, p in pairs)
+        listed = "; ".join(f"{score_label(a)} above {score_label(b)} ({100 * p:.1f}%)" for a, b, p in pairs)
         doc.p(
             f"{run.name}: rank differences significant at {100 * boot.level:g}% (share of resamples in which the "
-            f"first ranks above): {listed or 'none'}. Every other pair's order is within the noise of "
+            f"first ranks above the second): {listed or 'none'}. Every other pair's order is within the noise of "
             f"{boot.n_items} items."
         )
 
@@ -376,7 +376,7 @@ def _threshold_section(doc: Document, runs: Sequence[RunData]) -> None:
 def _protocol_section(doc: Document, runs: Sequence[RunData], boots: dict[int, Bootstrap | None]) -> None:
     groups: dict[tuple[str, Any, Any, Any], list[RunData]] = {}
     for r in runs:
-        cfg = {**r.run.get("evaluation", {}), **r.run}
+        cfg = r.settings
         groups.setdefault((r.name, cfg.get("task"), cfg.get("shots"), cfg.get("limit")), []).append(r)
     tables = [(key, t) for key, group in groups.items() if (t := protocol_table([(r, boots[id(r)]) for r in group]))]
     if not tables:

@@ -134,6 +134,7 @@ def overlap_figure(overlaps: Sequence[Overlap], title: str) -> Any:
         ax = fig.add_subplot(1, k, j + 1)
         upper = np.triu(np.ones((n, n), dtype=bool), 1)
         mat = np.where(upper, o.precision, o.iou)
+        np.fill_diagonal(mat, np.nan)  # 1 by definition; left blank
         ax.imshow(mat, cmap="Blues", vmin=0, vmax=1)
         for a in range(n):
             for b in range(n):
