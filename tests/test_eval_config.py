@@ -57,17 +57,19 @@ def test_from_options_applies_options_over_config():
     assert EvalConfig.from_options(base, seed=2) == EvalConfig(limit=10, seed=2)
 
 
-def test_identity_is_every_field_but_the_marked_ones():
+def test_identity_is_every_changed_field_but_the_marked_ones():
     marked = {"batch_size", "data_dir", "share_prefix"}
-    names = {f.name for f in dataclasses.fields(EvalConfig)}
-    config = EvalConfig(limit=7, apply_chat_template=True)
-    assert set(config.identity()) == names - marked
-    assert config.identity()["limit"] == 7 and config.identity()["apply_chat_template"] is True
+    changed = {"shots": 3, "limit": 7, "seed": 2, "source": "hub", "apply_chat_template": True}
+    changed["fewshot_as_multiturn"] = False
+    config = EvalConfig(**changed, batch_size=2, data_dir="/x", share_prefix=True)
+    assert set(changed) | marked == {f.name for f in dataclasses.fields(EvalConfig)}  # every field is exercised
+    assert config.identity() == changed
     assert config.identity() == config.replace(batch_size=1, data_dir="/elsewhere", share_prefix=False).identity()
     assert config.identity() != config.replace(seed=1).identity()
+    assert EvalConfig().identity() == {} and EvalConfig(limit=7).identity() == {"limit": 7}
 
 
-def test_a_new_field_is_part_of_the_identity_unless_marked():
+def test_a_new_field_is_part_of_the_identity_unless_marked_and_its_default_keeps_old_keys():
     extended = dataclasses.make_dataclass(
         "Extended",
         [
@@ -77,9 +79,10 @@ def test_a_new_field_is_part_of_the_identity_unless_marked():
         bases=(EvalConfig,),
         frozen=True,
     )
-    identity = extended(new_option=3, new_speed_knob=4).identity()
-    assert identity["new_option"] == 3 and "new_speed_knob" not in identity
-    assert set(identity) == set(EvalConfig().identity()) | {"new_option"}
+    identity = extended(limit=5, new_option=3, new_speed_knob=4).identity()
+    assert identity == {"limit": 5, "new_option": 3}
+    # At its default a new option leaves the keys of existing run directories as they were.
+    assert extended(limit=5).identity() == EvalConfig(limit=5).identity()
 
 
 def test_shots_for_resolves_the_task_default():

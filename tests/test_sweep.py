@@ -118,3 +118,43 @@ def test_same_task_name_with_other_items_is_refused(tmp_path):
     other = Task("toy", [Item(f"x{i}", (f"Other question {i}",), (" a", " b"), 1) for i in range(4)])
     with pytest.raises(ValueError, match=r"different run \(differs in \['task_items'\]\)"):
         sweep(model, tok, other, tmp_path, scores=["ahon"], targets=[0.0], limit=2, progress=False)
+
+
+def test_heldout_calibration_records_only_items_that_are_not_evaluated(tmp_path, monkeypatch):
+    from inactive_heads import calibrate
+    from inactive_heads.tasks import heldout, subset
+
+    model, tok, task = _toy()
+    seen: list[list[str]] = []
+    real = evaluation.evaluate
+
+    def spying(model, tok, task_obj, config, **kwargs):
+        seen.append([it.id for it in subset(task_obj.items, config.limit, config.seed)])
+        return real(model, tok, task_obj, config, **kwargs)
+
+    monkeypatch.setattr(evaluation, "evaluate", spying)
+    same = calibrate(model, tok, task, tmp_path / "same", limit=5, batch_size=4, progress=False)
+    held = calibrate(
+        model, tok, task, tmp_path / "held", limit=5, batch_size=4, progress=False, calibration_items="heldout"
+    )
+    evaluated = {it.id for it in subset(task.items, 5, 0)}
+    assert set(seen[0]) == evaluated and not set(seen[1]) & evaluated
+    assert set(seen[1]) == {it.id for it in task.items} - evaluated == {it.id for it in heldout(task, 5).items}
+    assert same.shape[0] == 2 * 5 and held.shape[0] == 2 * 3 and held.meta["items"] == "heldout"
+    # The calibration's identity follows its items: the same run directory refuses to switch protocols.
+    with pytest.raises(ValueError, match="other calibration items"):
+        calibrate(
+            model, tok, task, tmp_path / "same", limit=5, batch_size=4, progress=False, calibration_items="heldout"
+        )
+
+
+def test_heldout_calibration_needs_items_left_over_and_its_own_task():
+    from inactive_heads import calibrate
+
+    model, tok, task = _toy()
+    with pytest.raises(ValueError, match="leaves none for a held-out calibration"):
+        calibrate(model, tok, task, "unused", progress=False, calibration_items="heldout")
+    with pytest.raises(ValueError, match="drop calibration_task"):
+        calibrate(model, tok, task, "unused", limit=4, calibration_task=task, calibration_items="heldout")
+    with pytest.raises(ValueError, match="'same' or 'heldout'"):
+        calibrate(model, tok, task, "unused", limit=4, calibration_items="disjoint")  # type: ignore[arg-type]

@@ -6,21 +6,28 @@ from ._version import __version__
 from .compare import compare_runs
 from .engine import Policy, Watch, record_scores, watch, zero_heads
 from .evaluation import EvalConfig, EvalResult, evaluate
+from .executors import EXECUTORS, Executor, register_executor
 from .loading import load_model
 from .report import write_report
 from .scores import SCORE_FUNCTIONS, HeadScores, LayerStats, register_score
+from .study import StudyResult, study
+from .studyfile import Study, load_study
 from .tasks import TASKS, register_task
 from .thresholds import DEFAULT_TARGETS, thresholds_from_cdf
 
 __all__ = [
     "DEFAULT_TARGETS",
+    "EXECUTORS",
     "SCORE_FUNCTIONS",
     "TASKS",
     "EvalConfig",
     "EvalResult",
+    "Executor",
     "HeadScores",
     "LayerStats",
     "Policy",
+    "Study",
+    "StudyResult",
     "Watch",
     "__version__",
     "analysis",
@@ -28,9 +35,12 @@ __all__ = [
     "compare_runs",
     "evaluate",
     "load_model",
+    "load_study",
     "record_scores",
+    "register_executor",
     "register_score",
     "register_task",
+    "study",
     "sweep",
     "thresholds_from_cdf",
     "watch",

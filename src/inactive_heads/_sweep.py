@@ -10,8 +10,9 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from transformers import PreTrainedModel
 
@@ -21,10 +22,13 @@ from .evaluation import EvalConfig
 from .rundir import Cell, RunDir, display_name, model_identity, run_digest, run_record, task_fingerprint
 from .scores import SCORE_FUNCTIONS, HeadScores
 from .store import cell_key
-from .tasks import Task, get_task
+from .tasks import Task, get_task, heldout
 from .thresholds import DEFAULT_TARGETS, check_targets, thresholds_for
 
-__all__ = ["calibrate", "sweep"]
+__all__ = ["CalibrationItems", "PlannedCell", "calibrate", "compute_cell", "plan_cells", "sweep"]
+
+#: Which items a calibration records: the evaluated ones (the paper's protocol) or others of the same task.
+CalibrationItems = Literal["same", "heldout"]
 
 
 def _task(task: str | Task, config: EvalConfig) -> Task:
@@ -47,6 +51,21 @@ def _check_calibration(rd: RunDir, wanted: dict[str, Any]) -> bool:
     return True
 
 
+def _run_record(model: PreTrainedModel, task: Task, config: EvalConfig, model_name: str | None) -> dict[str, Any]:
+    """The run record of ``model`` evaluated on ``task`` with ``config`` (shots resolved)."""
+    n_layers, n_heads = _compat.model_shape(model)
+    identity = model_identity(model)
+    return run_record(
+        name=model_name or display_name(identity),
+        identity=identity,
+        task=task.name,
+        task_items=task_fingerprint(task),
+        evaluation=config.identity(),
+        n_layers=n_layers,
+        n_heads=n_heads,
+    )
+
+
 def calibrate(
     model: PreTrainedModel,
     tokenizer: Any,
@@ -56,33 +75,33 @@ def calibrate(
     *,
     calibration_task: str | Task | None = None,
     calibration_limit: int | None = None,
+    calibration_items: CalibrationItems = "same",
     model_name: str | None = None,
+    progress: bool | Callable[[int], Any] = True,
     **options: Any,
 ) -> HeadScores:
     """Write ``run.json`` and record every score on the calibration items into ``calibration/``.
 
     Calibration runs ``evaluation.evaluate(..., record=True)`` on ``calibration_task`` (default: ``task``) with
-    ``calibration_limit`` items (default: ``config.limit``). An existing calibration is reused only when it was made
+    ``calibration_limit`` items (default: ``config.limit``). ``calibration_items="heldout"`` calibrates on items of
+    the evaluated task that are not evaluated (:func:`~inactive_heads.tasks.heldout`) instead of the evaluated ones
+    (``"same"``, the paper's protocol). An existing calibration is reused only when it was made
     for this run (same run record) with the same calibration items and options; otherwise it is refused.
     ``config``: the evaluation options (:class:`~inactive_heads.evaluation.EvalConfig`); ``options``: any of its
-    fields by name, applied on top.
+    fields by name, applied on top. ``progress``: ``evaluate``'s bar over the calibration's sequences.
     """
     config = EvalConfig.from_options(config, **options)
     rd = RunDir(run_dir)
     task_obj = _task(task, config)
-    n_layers, n_heads = _compat.model_shape(model)
-    identity = model_identity(model)
     config = config.replace(shots=config.shots_for(task_obj))
-    run = run_record(
-        name=model_name or display_name(identity),
-        identity=identity,
-        task=task_obj.name,
-        task_items=task_fingerprint(task_obj),
-        evaluation=config.identity(),
-        n_layers=n_layers,
-        n_heads=n_heads,
-    )
+    run = _run_record(model, task_obj, config, model_name)
     cal_task = task_obj if calibration_task is None else _task(calibration_task, config)
+    if calibration_items == "heldout":
+        if calibration_task is not None:
+            raise ValueError("a held-out calibration takes items of the evaluated task; drop calibration_task")
+        cal_task = heldout(task_obj, config.limit, config.seed)
+    elif calibration_items != "same":
+        raise ValueError(f"calibration_items must be 'same' or 'heldout', got {calibration_items!r}")
     cal_config = config if calibration_limit is None else config.replace(limit=calibration_limit)
     # Refuse bad settings before run.json exists: a rejected command must not claim the run directory.
     evaluation.check_request(task_obj, config)
@@ -103,7 +122,7 @@ def calibrate(
             with contextlib.suppress(Exception):  # a torn or foreign file: record again
                 return HeadScores.load(rd.scores_path)
         t0 = time.perf_counter()
-        result = evaluation.evaluate(model, tokenizer, cal_task, cal_config, record=True, progress=True)
+        result = evaluation.evaluate(model, tokenizer, cal_task, cal_config, record=True, progress=progress)
         scores = result.scores
         if scores is None:
             raise RuntimeError("evaluate(record=True) returned no scores")
@@ -112,6 +131,7 @@ def calibrate(
             "shots": cal_config.shots,
             "limit": cal_config.limit,
             "seed": cal_config.seed,
+            "items": calibration_items,
             "rows": scores.shape[0],
             "n_items": result.n_items,
             "accuracy": result.metrics["acc"],
@@ -121,6 +141,110 @@ def calibrate(
         scores.save(rd.scores_path)
         rd.write_meta(meta)  # written last: its presence marks a complete calibration
     return scores
+
+
+@dataclass(frozen=True)
+class PlannedCell:
+    """One cell of a run's grid: its store key and what it evaluates (``score`` None: the baseline)."""
+
+    key: str
+    score: str | None
+    target: float | None
+    threshold: float | None
+
+
+def _score_names(scores: str | Sequence[str]) -> list[str]:
+    names = list(SCORE_FUNCTIONS) if scores == "all" else [scores] if isinstance(scores, str) else list(scores)
+    if not names:
+        raise ValueError("no score functions given; pass score names or 'all'")
+    unknown = [n for n in names if n not in SCORE_FUNCTIONS]
+    if unknown:
+        raise ValueError(f"scores {unknown} are not registered; registered: {', '.join(SCORE_FUNCTIONS)}")
+    return names
+
+
+def plan_cells(
+    run_dir: str | Path, *, scores: str | Sequence[str] = "all", targets: Iterable[float] = DEFAULT_TARGETS
+) -> list[PlannedCell]:
+    """The distinct cells of a calibrated run's grid: the baseline, then every (score, target), target-major.
+
+    Each target ``p`` becomes a threshold from the pooled calibration CDF (:func:`thresholds_from_cdf`); two targets
+    tied to one threshold share one cell (listed under the first). A cell's key is the run's identity
+    (:func:`~inactive_heads.rundir.run_digest`), the score's definition fingerprint and the threshold. Needs no
+    model: everything comes from the run directory. Scores registered after calibrating are derived from the
+    recorded raw statistics and saved with the calibration.
+    """
+    names = _score_names(scores)
+    ps = check_targets(targets)
+    rd = RunDir(run_dir)
+    cal = rd.read_scores() if rd.read_meta() is not None else None
+    if cal is None:
+        raise FileNotFoundError(f"{rd.root} holds no finished calibration; calibrate it first")
+    if any(n not in cal for n in names):  # registered after calibrating: derive from the recorded raw statistics
+        try:
+            cal = cal.derive(names)
+        except KeyError as e:
+            raise ValueError(f"{e.args[0]}; calibrate again in a new run directory") from None
+        cal.save(rd.scores_path)
+    thresholds = thresholds_for(cal, ps, names)
+    digest = run_digest(rd.read_run())
+    grid: list[tuple[str | None, float | None, float | None]] = [(None, None, None)]
+    grid += [(n, p, thresholds[n][i]) for i, p in enumerate(ps) for n in names]  # target-major: early full picture
+    cells: dict[str, PlannedCell] = {}
+    for score, target, threshold in grid:
+        definition = None if score is None else SCORE_FUNCTIONS[score].fingerprint
+        key = cell_key(run=digest, score=score, score_definition=definition, threshold=threshold)
+        cells.setdefault(key, PlannedCell(key, score, target, threshold))
+    return list(cells.values())
+
+
+def compute_cell(
+    model: PreTrainedModel,
+    tokenizer: Any,
+    task: str | Task,
+    run_dir: str | Path,
+    cell: PlannedCell,
+    config: EvalConfig | None = None,
+    *,
+    progress: bool | Callable[[int], Any] = False,
+    wait: bool = True,
+    **options: Any,
+) -> bool | None:
+    """Evaluate one planned cell of a calibrated run and store it atomically.
+
+    Returns True when it was evaluated now, False when it was already stored, and None when another process holds
+    its claim (only with ``wait=False``; with ``wait=True`` this waits for that process and returns False, or
+    evaluates the cell if the holder died before finishing it). So no two processes evaluate one cell.
+    ``model``, ``task`` and ``config`` must be the run's (the same run record; ValueError naming what differs).
+    ``progress``: ``evaluate``'s bar over sequences.
+    """
+    config = EvalConfig.from_options(config, **options)
+    rd = RunDir(run_dir)
+    store = rd.cell_store()
+    if store.has(cell.key):
+        return False
+    task_obj = _task(task, config)
+    config = config.replace(shots=config.shots_for(task_obj))
+    run = rd.read_run()
+    rd.check_run(_run_record(model, task_obj, config, run["model"]["name"]))
+    with store.claim(cell.key, wait=wait) as mine:
+        if not mine:
+            return None
+        if store.has(cell.key):  # finished by the process that held the claim
+            return False
+        policy = None if cell.score is None else Policy(score=cell.score, threshold=cell.threshold, seed=config.seed)
+        result = evaluation.evaluate(model, tokenizer, task_obj, config, policy=policy, progress=progress)
+        stored = Cell.from_result(
+            result,
+            score=cell.score,
+            target=cell.target,
+            threshold=cell.threshold,
+            n_layers=run["n_layers"],
+            n_heads=run["n_heads"],
+            run=run_digest(run),
+        )
+        store.put(cell.key, stored.to_json())
+    return True
 
 
 def sweep(
@@ -134,6 +258,7 @@ def sweep(
     targets: Iterable[float] = DEFAULT_TARGETS,
     calibration_task: str | Task | None = None,
     calibration_limit: int | None = None,
+    calibration_items: CalibrationItems = "same",
     model_name: str | None = None,
     progress: bool = True,
     on_cell: Callable[[str, dict[str, Any]], None] | None = None,
@@ -141,25 +266,20 @@ def sweep(
 ) -> list[dict[str, Any]]:
     """Calibrate (unless done), then evaluate the baseline and every (score, target) cell not already stored.
 
-    ``config``: the evaluation options (:class:`~inactive_heads.evaluation.EvalConfig`); ``options``: any of its
-    fields by name, applied on top. Each target ``p`` becomes a threshold from the pooled calibration CDF
-    (:func:`thresholds_from_cdf`), evaluated with ``Policy(score=name, threshold=t, seed=config.seed)``.
-    A cell's key is the run record (model, task items, every evaluation option that changes the answer, package
-    version), the score's definition fingerprint and the threshold. Cells another process is computing are
+    :func:`calibrate`, then :func:`compute_cell` for every cell of :func:`plan_cells`. ``config``: the evaluation
+    options (:class:`~inactive_heads.evaluation.EvalConfig`); ``options``: any of its fields by name, applied on
+    top. Each target ``p`` becomes a threshold from the pooled calibration CDF (:func:`thresholds_from_cdf`),
+    evaluated with ``Policy(score=name, threshold=t, seed=config.seed)``. Cells another process is computing are
     left to it (per-cell claims) and waited for at the end. ``on_cell(key, cell)`` is called after each new cell
-    is stored. Returns all cells of the grid (baseline first).
+    is stored. ``progress``: a bar over cells, and beneath it one over the sequences of each evaluation.
+    Returns all cells of the grid (baseline first).
     """
     config = EvalConfig.from_options(config, **options)
-    names = list(SCORE_FUNCTIONS) if scores == "all" else [scores] if isinstance(scores, str) else list(scores)
-    if not names:
-        raise ValueError("no score functions given; pass score names or 'all'")
-    unknown = [n for n in names if n not in SCORE_FUNCTIONS]
-    if unknown:
-        raise ValueError(f"scores {unknown} are not registered; registered: {', '.join(SCORE_FUNCTIONS)}")
+    names = _score_names(scores)
     ps = check_targets(targets)  # before calibrate writes anything
     task_obj = _task(task, config)
     config = config.replace(shots=config.shots_for(task_obj))
-    cal = calibrate(
+    calibrate(
         model,
         tokenizer,
         task_obj,
@@ -167,71 +287,46 @@ def sweep(
         config,
         calibration_task=calibration_task,
         calibration_limit=calibration_limit,
+        calibration_items=calibration_items,
         model_name=model_name,
+        progress=progress,
     )
-    rd = RunDir(run_dir)
-    run = rd.read_run()
-    if any(n not in cal for n in names):  # registered after calibrating: derive from the recorded raw statistics
-        try:
-            cal = cal.derive(names)
-        except KeyError as e:
-            raise ValueError(f"{e.args[0]}; calibrate again in a new run directory") from None
-        cal.save(rd.scores_path)
-    thresholds = thresholds_for(cal, ps, names)
-    digest = run_digest(run)
-    grid: list[tuple[str | None, float | None, float | None]] = [(None, None, None)]
-    grid += [(n, p, thresholds[n][i]) for i, p in enumerate(ps) for n in names]  # target-major: early full picture
-
-    store = rd.cell_store()
-    keys = [
-        cell_key(
-            run=digest, score=s, score_definition=None if s is None else SCORE_FUNCTIONS[s].fingerprint, threshold=t
-        )
-        for s, _, t in grid
-    ]
-    n_layers, n_heads = run["n_layers"], run["n_heads"]
-    done = sum(store.has(k) for k in set(keys))
+    cells = plan_cells(run_dir, scores=names, targets=ps)
+    store = RunDir(run_dir).cell_store()
     bar = None
     if progress:
         from tqdm.auto import tqdm
 
-        bar = tqdm(total=len(set(keys)), initial=done, desc=f"sweep {run['model']['name']}", unit="cell")
+        done = sum(store.has(c.key) for c in cells)
+        name = RunDir(run_dir).read_run()["model"]["name"]
+        bar = tqdm(total=len(cells), initial=done, desc=f"sweep {name}", unit="cell")
 
-    def compute(score: str | None, target: float | None, threshold: float | None, key: str) -> None:
-        policy = None if score is None else Policy(score=score, threshold=threshold, seed=config.seed)
-        result = evaluation.evaluate(model, tokenizer, task_obj, config, policy=policy, progress=progress)
-        cell = Cell.from_result(
-            result, score=score, target=target, threshold=threshold, n_layers=n_layers, n_heads=n_heads, run=digest
-        ).to_json()
-        store.put(key, cell)
-        if on_cell is not None:
-            on_cell(key, cell)
+    def run(cell: PlannedCell, wait: bool) -> bool | None:
+        label = f"{cell.score or 'baseline'} p={cell.target}"
+        computed = compute_cell(
+            model, tokenizer, task_obj, run_dir, cell, config, progress=_sequence_bar(progress, label), wait=wait
+        )
+        if computed and on_cell is not None:
+            on_cell(cell.key, store.get(cell.key))
+        if computed is not None and bar is not None:  # stored now, by this process or another
+            bar.update(1)
+            bar.set_postfix_str(label)
+        return computed
 
-    seen: set[str] = set()
-    held_elsewhere = []
     try:
-        for (score, target, threshold), key in zip(grid, keys, strict=True):
-            if key in seen:  # two targets tied to one threshold: one cell answers both
-                continue
-            seen.add(key)
-            if store.has(key):
-                continue
-            with store.claim(key) as mine:
-                if not mine:  # another process computes it; come back at the end
-                    held_elsewhere.append((score, target, threshold, key))
-                    continue
-                if not store.has(key):
-                    compute(score, target, threshold, key)
-            if bar is not None:
-                bar.update(1)
-                bar.set_postfix_str(f"{score or 'baseline'} p={target}")
-        for score, target, threshold, key in held_elsewhere:
-            with store.claim(key, wait=True):
-                if not store.has(key):  # its holder died before finishing
-                    compute(score, target, threshold, key)
-            if bar is not None:
-                bar.update(1)
+        held_elsewhere = [c for c in cells if not store.has(c.key) and run(c, wait=False) is None]
+        for cell in held_elsewhere:  # another process computes them; wait for it (or take over if it died)
+            run(cell, wait=True)
     finally:
         if bar is not None:
             bar.close()
-    return [store.get(k) for k in dict.fromkeys(keys)]
+    return [store.get(c.key) for c in cells]
+
+
+def _sequence_bar(progress: bool, desc: str) -> Callable[[int], Any] | bool:
+    """A transient bar over one evaluation's sequences, shown beneath the sweep's bar of cells."""
+    if not progress:
+        return False
+    from tqdm.auto import tqdm
+
+    return lambda total: tqdm(total=total, desc=desc, unit="seq", leave=False)

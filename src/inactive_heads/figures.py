@@ -60,10 +60,17 @@ def curves_figure(run: RunData) -> Any:
     return fig
 
 
-def rank_heatmap(names: list[str], models: list[str], ranks: list[dict[str, float]]) -> Any:
-    """Rank of each score function (rows) per model (columns)."""
+def rank_heatmap(
+    names: list[str],
+    models: list[str],
+    ranks: list[dict[str, float]],
+    intervals: Sequence[dict[str, tuple[float, float]]] = (),
+) -> Any:
+    """Rank of each score function (rows) per model (columns); ``intervals`` (per model, score -> (low, high))
+    are written beneath each rank."""
     mat = np.array([[r.get(n, np.nan) for r in ranks] for n in names], dtype=float)
-    fig = figure(1.6 + 1.3 * len(models), 0.9 + 0.32 * len(names))
+    spans = list(intervals) or [{} for _ in models]
+    fig = figure(1.6 + 1.3 * len(models), 0.9 + (0.42 if any(spans) else 0.32) * len(names))
     ax = fig.add_subplot()
     im = ax.imshow(mat, cmap="viridis_r", aspect="auto")
     ax.set_yticks(range(len(names)), [score_label(n) for n in names], fontsize=8)
@@ -73,11 +80,11 @@ def rank_heatmap(names: list[str], models: list[str], ranks: list[dict[str, floa
             if not math.isnan(mat[i, j]):
                 # viridis_r is bright at low ranks: dark text there, light text on the dark end.
                 dark = mat[i, j] <= np.nanmean(mat)
-                ax.text(
-                    j, i, f"{mat[i, j]:g}", ha="center", va="center", fontsize=7, color="black" if dark else "white"
-                )
+                span = spans[j].get(names[i])
+                text = f"{mat[i, j]:g}" if span is None else f"{mat[i, j]:g}\n[{span[0]:g}–{span[1]:g}]"
+                ax.text(j, i, text, ha="center", va="center", fontsize=6.5, color="black" if dark else "white")
     fig.colorbar(im, ax=ax, label="rank (1 = best)")
-    ax.set_title("Rank by max % zeroed within 1 pt")
+    ax.set_title("Rank by max % zeroed within 1 pt" + (" [bootstrap interval]" if any(spans) else ""))
     return fig
 
 

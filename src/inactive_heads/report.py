@@ -1,4 +1,4 @@
-"""The Markdown + self-contained HTML report over one or more run directories."""
+"""The Markdown + self-contained HTML report over one or more run directories, or over a study's runs."""
 
 from __future__ import annotations
 
@@ -6,14 +6,29 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from .analysis import spearman, top_k_iou, wasserstein_table, within_tolerance
+from .compare import score_distances, series_distances
 from .document import Document
 from .figures import cdf_figure, curves_figure, head_heatmap, png, rank_heatmap
-from .rundir import RunData, load_run, slug
+from .rundir import RunData, RunDir, load_run, score_label, slug
+from .runstats import (
+    calibration_label,
+    interval_text,
+    overlap_figure,
+    overlap_table,
+    protocol_table,
+    run_bootstrap,
+    run_overlaps,
+    significant_pairs,
+    threshold_table,
+)
 from .scores import SCORE_FUNCTIONS
 from .store import atomic_write_bytes, atomic_write_text
+from .uncertainty import Bootstrap
 
-__all__ = ["write_report"]
+__all__ = ["write_report", "write_study_report"]
 
 
 def _best_cell(run: RunData, rows: list[dict[str, object]]) -> tuple[str, dict[str, Any]] | None:
@@ -51,7 +66,7 @@ def _table2_rows(rows: list[dict[str, object]]) -> list[list[str]]:
     ]
 
 
-def _cell_rows(run: RunData) -> list[list[str]]:
+def _cell_rows(run: RunData, boot: Bootstrap | None = None) -> list[list[str]]:
     order: dict[str | None, int] = {n: k for k, n in enumerate(run.score_names)}
     cells = sorted(
         run.cells, key=lambda c: (c.get("score") is not None, order.get(c.get("score"), -1), c.get("target") or 0.0)
@@ -69,11 +84,17 @@ def _cell_rows(run: RunData) -> list[list[str]]:
             _fmt_pct(float(c["fraction_zeroed"])),
             f"{100 * c['accuracy']:.2f}",
             f"{100 * (c['accuracy'] - base):+.2f}",
+            *([] if boot is None else [_delta_interval(boot, c)]),
             num(c.get("mean_ll_correct"), ".4f"),
             num(c.get("seconds"), ".0f"),
         ]
         for c in cells
     ]
+
+
+def _delta_interval(boot: Bootstrap, cell: dict[str, Any]) -> str:
+    iv = boot.cells.get((str(cell.get("score")), float(cell["fraction_zeroed"])))
+    return "–" if iv is None else f"[{100 * iv.low:+.1f}, {100 * iv.high:+.1f}]"
 
 
 def _pairwise_w1(runs: Sequence[RunData]) -> tuple[list[str], list[list[str]]] | None:
@@ -100,45 +121,13 @@ def write_report(run_dirs: Iterable[str | Path], out_dir: str | Path) -> tuple[P
         "point of baseline (last crossing of baseline − 1 pt, linearly interpolated). AUC: area under "
         "accuracy/baseline over the fraction range all score functions of the model reach, divided by its width."
     )
-    all_rows: list[list[dict[str, object]]] = []
-    for i, run in enumerate(runs):
-        rows = run.table2()
-        all_rows.append(rows)
-        cfg = {**run.run.get("evaluation", {}), **run.run}
-        doc.h(2, f"{run.name} — {cfg.get('task')}")
-        doc.p(
-            f"shots {cfg.get('shots')}, limit {cfg.get('limit')}, seed {cfg.get('seed')}, "
-            f"{cfg.get('n_layers')} layers × {cfg.get('n_heads')} heads, package {cfg.get('package_version')}; "
-            f"baseline accuracy {100 * run.baseline:.2f}%."
-        )
-        doc.table(["score", "label", "max % zeroed within 1 pt", "AUC", "rank"], _table2_rows(rows))
-        doc.img(png(curves_figure(run)), f"curves_{i}_{slug(run.name)}.png", f"accuracy vs % zeroed, {run.name}")
-        best = _best_cell(run, rows)
-        if best is not None:
-            doc.img(png(head_heatmap(run, *best)), f"heads_{i}_{slug(run.name)}.png", f"zeroed heads, {run.name}")
-        doc.p("Every cell of the sweep (accuracy and Δ in points; mean log-likelihood of the correct choice):")
-        doc.table(
-            ["score", "target", "threshold", "% zeroed", "accuracy", "Δ", "mean ll correct", "s"], _cell_rows(run)
-        )
+    all_rows = [run.table2() for run in runs]
+    for i, (run, rows) in enumerate(zip(runs, all_rows, strict=True)):
+        doc.h(2, f"{run.name} — {run.run.get('task')}")
+        _run_section(doc, run, rows, f"{i}_{slug(run.name)}")
 
     doc.h(2, "Ranks across models")
-    names = [n for n in SCORE_FUNCTIONS if any(r["score"] == n for rows in all_rows for r in rows)]
-    ranks = [{str(r["score"]): float(r["rank"]) for r in rows} for rows in all_rows]  # type: ignore[arg-type]
-    models = [f"{i}: {r.name}" for i, r in enumerate(runs)]
-    if names:
-        doc.img(png(rank_heatmap(names, models, ranks)), "ranks.png", "rank heatmap")
-    if len(runs) >= 2:
-        header = ["models", "Spearman", "top-5 IoU"]
-        agree = [
-            [
-                f"{models[i]} vs {models[j]}",
-                f"{spearman(ranks[i], ranks[j]):.3f}",
-                f"{top_k_iou(ranks[i], ranks[j]):.3f}",
-            ]
-            for i in range(len(runs))
-            for j in range(i + 1, len(runs))
-        ]
-        doc.table(header, agree)
+    _ranks_section(doc, [f"{i}: {r.name}" for i, r in enumerate(runs)], all_rows, "ranks.png")
 
     cdf = cdf_figure(runs)
     if cdf is not None:
@@ -150,10 +139,281 @@ def write_report(run_dirs: Iterable[str | Path], out_dir: str | Path) -> tuple[P
         doc.p("Pooled raw scores; raw norms depend on the model's scale, the LN variants are comparable across models.")
         doc.table(*w1)
 
+    return _write(doc, out_dir, "Inactive heads report")
+
+
+def _write(doc: Document, out_dir: Path, title: str) -> tuple[Path, Path]:
     out_dir.mkdir(parents=True, exist_ok=True)
     for filename, data in doc.images.items():
         atomic_write_bytes(out_dir / filename, data)
     md_path, html_path = out_dir / "report.md", out_dir / "report.html"
     atomic_write_text(md_path, doc.markdown())
-    atomic_write_text(html_path, doc.html("Inactive heads report"))
+    atomic_write_text(html_path, doc.html(title))
     return md_path, html_path
+
+
+def _run_section(
+    doc: Document, run: RunData, rows: list[dict[str, object]], tag: str, boot: Bootstrap | None = None
+) -> None:
+    """One run: its settings, its Table 2, the curves, the zeroed-heads map of its best cell, and every cell."""
+    cfg = run.settings
+    doc.p(
+        f"shots {cfg.get('shots')}, limit {cfg.get('limit')}, seed {cfg.get('seed')}, "
+        f"{cfg.get('n_layers')} layers × {cfg.get('n_heads')} heads, package {cfg.get('package_version')}; "
+        f"baseline accuracy {100 * run.baseline:.2f}%."
+    )
+    doc.table(["score", "label", "max % zeroed within 1 pt", "AUC", "rank"], _table2_rows(rows))
+    doc.img(png(curves_figure(run)), f"curves_{tag}.png", f"accuracy vs % zeroed, {run.name}")
+    best = _best_cell(run, rows)
+    if best is not None:
+        doc.img(png(head_heatmap(run, *best)), f"heads_{tag}.png", f"zeroed heads, {run.name}")
+    ci = [] if boot is None else [f"Δ {100 * boot.level:g}% interval"]
+    doc.p("Every cell of the sweep (accuracy and Δ in points; mean log-likelihood of the correct choice):")
+    doc.table(
+        ["score", "target", "threshold", "% zeroed", "accuracy", "Δ", *ci, "mean ll correct", "s"],
+        _cell_rows(run, boot),
+    )
+
+
+def _ranks_section(
+    doc: Document,
+    models: list[str],
+    all_rows: list[list[dict[str, object]]],
+    filename: str,
+    boots: Sequence[Bootstrap | None] = (),
+) -> None:
+    """The rank heatmap of ``models`` (one Table 2 each, with bootstrap intervals where given) and, for two or
+    more, their pairwise rank agreement."""
+    names = [n for n in SCORE_FUNCTIONS if any(r["score"] == n for rows in all_rows for r in rows)]
+    ranks = [{str(r["score"]): float(r["rank"]) for r in rows} for rows in all_rows]  # type: ignore[arg-type]
+    intervals = [
+        {} if b is None else {n: (iv.low, iv.high) for n, iv in b.rank.items()} for b in (boots or [None] * len(models))
+    ]
+    if names:
+        doc.img(png(rank_heatmap(names, models, ranks, intervals)), filename, "rank heatmap")
+    if len(models) >= 2:
+        agree = [
+            [
+                f"{models[i]} vs {models[j]}",
+                f"{spearman(ranks[i], ranks[j]):.3f}",
+                f"{top_k_iou(ranks[i], ranks[j]):.3f}",
+            ]
+            for i in range(len(models))
+            for j in range(i + 1, len(models))
+        ]
+        doc.table(["models", "Spearman", "top-5 IoU"], agree)
+
+
+def write_study_report(
+    runs: Sequence[tuple[str | Path, Iterable[str] | None]],
+    out_dir: str | Path,
+    *,
+    title: str = "Study report",
+    pairs: Sequence[tuple[str, str]] = (),
+    series: Sequence[tuple[str, Sequence[str]]] = (),
+    n_resamples: int = 1000,
+    seed: int = 0,
+) -> tuple[Path, Path]:
+    """One report over the run directories of a study: ``report.md`` (PNGs beside it) and ``report.html``.
+
+    ``runs``: (run directory, keys of the cells to show; None: all of the run's). Per task (with its shots and
+    limit): Table 2 across models, the rank heatmap and rank agreement, the score CDFs and pairwise W1, then each
+    model's section as in :func:`write_report`. ``pairs`` (base, other) and ``series`` (name, models in order)
+    name models whose score distributions are compared on each task: a pair by W1 per relative depth
+    (:func:`~inactive_heads.compare.score_distances`), a series by W1 of each model to the first
+    (:func:`~inactive_heads.compare.series_distances`). Intervals are from a paired bootstrap over items
+    (``n_resamples``, ``seed``; :mod:`~inactive_heads.uncertainty`); then the overlap of the heads score functions
+    flag, the thresholds of each task side by side, and one task's cells under different calibrations.
+    """
+    loaded = [_shown(load_run(d), keys) for d, keys in runs]
+    if not loaded:
+        raise ValueError("no run directories given")
+    tasks: dict[str, list[RunData]] = {}
+    for run in loaded:
+        tasks.setdefault(_task_label(run), []).append(run)
+    doc = Document()
+    doc.h(1, title)
+    n_models = len(dict.fromkeys(r.name for r in loaded))
+    doc.p(
+        f"{n_models} models × {len(tasks)} tasks, {sum(len(r.cells) for r in loaded)} cells. Max % zeroed within "
+        "1 pt: the largest measured fraction of heads zeroed whose accuracy stays within one point of baseline "
+        "(last crossing of baseline − 1 pt, linearly interpolated). AUC: area under accuracy/baseline over the "
+        "fraction range all score functions of the model reach, divided by its width. Rank 1 is best."
+    )
+    boots = {id(r): run_bootstrap(r, n_resamples, seed) for r in loaded}
+    if any(b is not None for b in boots.values()):
+        doc.p(
+            f"Intervals in brackets: 95% paired bootstrap over items ({n_resamples} resamples, seed {seed}); the "
+            "same resample of items is applied to every cell of a run, so an interval of a difference reflects the "
+            "items on which the cells differ. The fraction of heads zeroed is kept as measured."
+        )
+    for t, (label, task_runs) in enumerate(tasks.items()):
+        all_rows = [run.table2() for run in task_runs]
+        task_boots = [boots[id(r)] for r in task_runs]
+        doc.h(2, label)
+        doc.p("Baseline accuracy: " + ", ".join(f"{r.name} {100 * r.baseline:.2f}%" for r in task_runs) + ".")
+        doc.p("Table 2: max % of heads zeroed within 1 pt of baseline [interval] (rank [interval]) per model.")
+        doc.table(*_table2_across(task_runs, all_rows, task_boots))
+        _ranks_section(doc, [r.name for r in task_runs], all_rows, f"ranks_{t}.png", task_boots)
+        _significance(doc, task_runs, task_boots)
+        cdf = cdf_figure(task_runs)
+        if cdf is not None:
+            doc.img(png(cdf), f"score_cdfs_{t}.png", f"score CDFs, {label}")
+        w1 = _pairwise_w1(task_runs)
+        if w1 is not None:
+            doc.p("Wasserstein-1 distance between pooled raw calibration scores (LN variants compare across models):")
+            doc.table(*w1)
+        for run, rows in zip(task_runs, all_rows, strict=True):
+            doc.h(3, f"{run.name} — {label}")
+            _run_section(doc, run, rows, f"{t}_{slug(run.name)}", boots[id(run)])
+
+    _overlap_section(doc, loaded)
+    _threshold_section(doc, loaded)
+    _protocol_section(doc, loaded, boots)
+
+    by_name = {(r.name, label): r for label, task_runs in tasks.items() for r in task_runs}
+    if pairs:
+        doc.h(2, "Model pairs: score distributions")
+        for a, b in pairs:
+            for t, label in enumerate(tasks):
+                if (a, label) in by_name and (b, label) in by_name:
+                    doc.h(3, f"{a} vs {b} — {label}")
+                    header, table, fig = score_distances(by_name[a, label], by_name[b, label])
+                    doc.table(header, table)
+                    doc.img(png(fig), f"pair_{t}_{slug(a)}_vs_{slug(b)}.png", f"{a} vs {b}, W1 per depth")
+    if series:
+        doc.h(2, "Model series: score distributions")
+        for name, members in series:
+            for t, label in enumerate(tasks):
+                present = [by_name[m, label] for m in members if (m, label) in by_name]
+                if len(present) >= 2:
+                    doc.h(3, f"{name} — {label}")
+                    header, table, fig = series_distances(present, name)
+                    doc.table(header, table)
+                    doc.img(png(fig), f"series_{t}_{slug(name)}.png", f"{name}: W1 to {present[0].name}")
+                    cdf = cdf_figure(present)
+                    if cdf is not None:
+                        doc.img(png(cdf), f"series_{t}_{slug(name)}_cdfs.png", f"{name}: score CDFs")
+    return _write(doc, Path(out_dir), title)
+
+
+def _shown(run: RunData, keys: Iterable[str] | None) -> RunData:
+    # A study's run directory may also hold cells of an earlier version of the study: show only the current ones.
+    if keys is None:
+        return run
+    store = RunDir(run.dir).cell_store()
+    cells = [store.get(k) for k in keys if store.has(k)]
+    return RunData(run.dir, run.run, cells, run.scores, run.calibration_meta)
+
+
+def _task_label(run: RunData) -> str:
+    cfg = run.settings
+    limit = "all items" if cfg.get("limit") is None else f"{cfg.get('limit')} items"
+    return f"{cfg.get('task')} ({cfg.get('shots')}-shot, {limit}; {calibration_label(run)})"
+
+
+def _significance(doc: Document, runs: Sequence[RunData], boots: Sequence[Bootstrap | None]) -> None:
+    for run, boot in zip(runs, boots, strict=True):
+        if boot is None:
+            continue
+        pairs = significant_pairs(boot)
+        listed = "; ".join(f"{score_label(a)} above {score_label(b)} ({100 * p:.1f}%)" for a, b, p in pairs)
+        doc.p(
+            f"{run.name}: rank differences significant at {100 * boot.level:g}% (share of resamples in which the "
+            f"first ranks above the second): {listed or 'none'}. Every other pair's order is within the noise of "
+            f"{boot.n_items} items."
+        )
+
+
+def _calibrations(runs: Sequence[RunData]) -> dict[tuple[Any, ...], RunData]:
+    """One run per distinct calibration (model, calibration task and items, their fingerprint)."""
+    out: dict[tuple[Any, ...], RunData] = {}
+    for r in runs:
+        m = r.calibration_meta
+        out.setdefault((r.name, m.get("task"), m.get("items"), m.get("task_items"), m.get("limit")), r)
+    return out
+
+
+def _overlap_section(doc: Document, runs: Sequence[RunData]) -> None:
+    shown = False
+    for n, run in enumerate(_calibrations(runs).values()):
+        targets = sorted({float(c["target"]) for c in run.cells if c.get("target") is not None})
+        overlaps = run_overlaps(run, targets)
+        if not overlaps:
+            continue
+        if not shown:
+            doc.h(2, "Overlap between score functions")
+            doc.p(
+                "Which (row, layer, head) each score function flags at a target fraction, from the calibration "
+                "scores (no extra forward pass): IoU of two functions' sets, and precision = the share of one "
+                "function's flagged heads that the other flags too."
+            )
+            shown = True
+        m = run.calibration_meta
+        what = f"{run.name} — calibration on {m.get('task')} ({m.get('rows')} rows, {m.get('items', 'same')} items)"
+        doc.h(3, what)
+        doc.table(*overlap_table(overlaps))
+        doc.img(png(overlap_figure(overlaps, run.name)), f"overlap_{n}_{slug(run.name)}.png", f"overlap, {what}")
+
+
+def _threshold_section(doc: Document, runs: Sequence[RunData]) -> None:
+    groups: dict[tuple[str, str], list[RunData]] = {}
+    for r in runs:
+        groups.setdefault((r.name, str(r.calibration_meta.get("items", "same"))), []).append(r)
+    tables = [(key, t) for key, group in groups.items() if (t := threshold_table(group)) is not None]
+    if not tables:
+        return
+    doc.h(2, "Threshold stability across tasks")
+    doc.p(
+        "The threshold each task's calibration gives for the same score and target. A stable score function has "
+        "a small spread, so a threshold found on one task would serve another."
+    )
+    for (model, items), table in tables:
+        doc.h(3, f"{model} — {'held-out' if items == 'heldout' else 'same-items'} calibrations")
+        doc.table(*table)
+
+
+def _protocol_section(doc: Document, runs: Sequence[RunData], boots: dict[int, Bootstrap | None]) -> None:
+    groups: dict[tuple[str, Any, Any, Any], list[RunData]] = {}
+    for r in runs:
+        cfg = r.settings
+        groups.setdefault((r.name, cfg.get("task"), cfg.get("shots"), cfg.get("limit")), []).append(r)
+    tables = [(key, t) for key, group in groups.items() if (t := protocol_table([(r, boots[id(r)]) for r in group]))]
+    if not tables:
+        return
+    doc.h(2, "Calibration protocols")
+    doc.p(
+        "One model and task, its thresholds calibrated in different ways: accuracy change to baseline in points "
+        "[interval] at the % of heads actually zeroed. The paper calibrates on the evaluated items themselves; a "
+        "held-out calibration uses other items of the task; a transfer uses another task's calibration."
+    )
+    for (model, task, _, _), table in tables:
+        doc.h(3, f"{model} — {task}")
+        doc.table(*table)
+
+
+def _table2_across(
+    runs: Sequence[RunData], all_rows: list[list[dict[str, object]]], boots: Sequence[Bootstrap | None] = ()
+) -> tuple[list[str], list[list[str]]]:
+    """One row per score function, one column per model: max % zeroed within 1 pt and its rank (with bootstrap
+    intervals where given); mean rank."""
+    boots = list(boots) or [None] * len(runs)
+    per_model = [{str(r["score"]): r for r in rows} for rows in all_rows]
+    names = [n for n in SCORE_FUNCTIONS if any(n in m for m in per_model)]
+    names += sorted({n for m in per_model for n in m} - set(names))
+    rows = []
+    for n in names:
+        found = [m.get(n) for m in per_model]
+        ranks = [float(r["rank"]) for r in found if r is not None]  # type: ignore[arg-type]
+        shown = [_table2_cell(r, b, n) for r, b in zip(found, boots, strict=True)]
+        rows.append([n, score_label(n), *shown, f"{np.mean(ranks):.2f}" if ranks else "–"])
+    return ["score", "label", *(r.name for r in runs), "mean rank"], rows
+
+
+def _table2_cell(row: dict[str, object] | None, boot: Bootstrap | None, name: str) -> str:
+    if row is None:
+        return "–"
+    if boot is None or name not in boot.max_zeroed:
+        return f"{_fmt_pct(float(row['max_zeroed']))} ({row['rank']:g})"  # type: ignore[arg-type]
+    rank = boot.rank[name]
+    return f"{interval_text(boot.max_zeroed[name])} ({row['rank']:g} [{rank.low:g}–{rank.high:g}])"

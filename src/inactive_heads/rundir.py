@@ -353,6 +353,17 @@ class RunData:
         return str(model.get("name") or self.dir.name) if isinstance(model, dict) else str(model)
 
     @property
+    def settings(self) -> dict[str, Any]:
+        """The run record, with every evaluation option at the top level and filled in (the record keeps only the
+        options that differ from their defaults)."""
+        from .evaluation import EvalConfig
+
+        recorded = self.run.get("evaluation", {})
+        known = {f.name for f in fields(EvalConfig)}
+        options = asdict(EvalConfig(**{k: v for k, v in recorded.items() if k in known}))
+        return {**options, **recorded, **self.run}
+
+    @property
     def baseline(self) -> float:
         """Accuracy of the baseline cell (``score`` null)."""
         for c in self.cells:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import bisect
 import copy
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -181,7 +182,7 @@ def _run(
     seqs: list[_Seq],
     batch_size: int,
     pad_id: int,
-    progress: bool,
+    progress: bool | Callable[[int], Any],
     share: tuple[int, int] | None,
 ) -> tuple[list[list[float]], list[list[bool]], list[int], int]:
     """Per sequence: log-likelihood and greedy flag per continuation read from it; the forward order; and how many
@@ -189,15 +190,18 @@ def _run(
 
     ``share`` = (min tokens of a few-shot prefix to run once and reuse as a KV cache, min tokens of the prefix
     shared by an item's sequences to run once in a packed row with their rest); None: run every sequence whole.
+    ``progress``: True for a tqdm bar over sequences, or a factory ``progress(total)`` of a tqdm-like bar.
     """
     fwd = _Forward(model, pad_id)
     lls: list[list[float]] = [[] for _ in seqs]
     greedy: list[list[bool]] = [[] for _ in seqs]
     bar = None
-    if progress:
+    if progress is True:
         from tqdm.auto import tqdm
 
         bar = tqdm(total=len(seqs), desc="sequences")
+    elif progress:
+        bar = progress(len(seqs))
     order: list[int] = []
     if share is not None:
         cached = _shared_groups(seqs, "fewshot:", share[0])

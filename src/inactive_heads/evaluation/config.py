@@ -32,7 +32,9 @@ class EvalConfig:
     without sliding-window attention.
 
     :meth:`identity` is what a cached answer must be keyed by: every field unless its metadata says
-    ``identity=False``, so an option added later is part of every key unless declared otherwise.
+    ``identity=False``, so an option added later is part of every key unless declared otherwise. A field at its
+    default is left out, so adding an option (whose default keeps the old behaviour) leaves existing keys, and the
+    run directories built on them, valid; a default must therefore never change meaning.
     """
 
     shots: int | None = None
@@ -65,12 +67,17 @@ class EvalConfig:
                 raise TypeError(f"{name} must be {allowed}, got {type(value).__name__} {value!r}")
 
     def identity(self) -> dict[str, Any]:
-        """The fields that change the answer, by name: all but those whose metadata says ``identity=False``.
+        """The fields that change the answer and differ from their default, by name (fields whose metadata says
+        ``identity=False`` never count).
 
         ``shots`` is as given; resolve None first (``replace(shots=config.shots_for(task))``) where a task's
         default and the same count given explicitly must match.
         """
-        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.metadata.get("identity", True)}
+        return {
+            f.name: getattr(self, f.name)
+            for f in dataclasses.fields(self)
+            if f.metadata.get("identity", True) and getattr(self, f.name) != f.default
+        }
 
     def replace(self, **changes: Any) -> EvalConfig:
         """A copy with ``changes`` (field names) applied and validated again."""

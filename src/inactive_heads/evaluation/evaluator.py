@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Any
 
 from transformers import PreTrainedModel
@@ -27,7 +28,7 @@ def evaluate(
     *,
     policy: Policy | None = None,
     record: bool = False,
-    progress: bool = False,
+    progress: bool | Callable[[int], Any] = False,
     **options: Any,
 ) -> EvalResult:
     """Evaluate ``model`` on ``task`` by log-likelihood, as lm-eval 0.4.x does by default.
@@ -37,7 +38,8 @@ def evaluate(
     template, prefix sharing); ``options``: any of its fields by name, applied on top of ``config``.
     ``policy``: zero heads during evaluation; ``record``: also record every score of every row (``result.scores``).
     Under a policy or recording every sequence runs whole, so each row's scores see its entire input.
-    ``progress``: show a progress bar over sequences.
+    ``progress``: show a progress bar over sequences; True for tqdm's, or a factory ``progress(total)`` of a
+    tqdm-like bar (``update(n)``, ``close()``), so a caller can nest it under its own or show it from another process.
     """
     config = EvalConfig.from_options(config, **options)
     if config.share_prefix and (policy is not None or record):

@@ -17,14 +17,25 @@ from __future__ import annotations
 import importlib
 import random
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import MappingProxyType
 from typing import Literal
 
 from ._data import DATA_ENV, DataError
 
-__all__ = ["DATA_ENV", "TASKS", "DataError", "Item", "Task", "TaskSpec", "get_task", "register_task", "subset"]
+__all__ = [
+    "DATA_ENV",
+    "TASKS",
+    "DataError",
+    "Item",
+    "Task",
+    "TaskSpec",
+    "get_task",
+    "heldout",
+    "register_task",
+    "subset",
+]
 
 #: lm-eval's default ``fewshot_random_seed``: the random sampler is seeded with it once per task.
 FEWSHOT_SEED = 1234
@@ -239,6 +250,19 @@ def subset(items: list[Item], limit: int | None, seed: int = 0) -> list[Item]:
         take[g] += 1
     chosen = sorted(i for g in names for i in rng.sample(groups[g], take[g]))
     return [items[i] for i in chosen]
+
+
+def heldout(task: Task, limit: int | None, seed: int = 0) -> Task:
+    """``task`` with only the items that ``subset(task.items, limit, seed)`` leaves out: calibration items disjoint
+    from the evaluated ones (few-shot pools are unchanged)."""
+    chosen = {id(it) for it in subset(task.items, limit, seed)}
+    rest = [it for it in task.items if id(it) not in chosen]
+    if not rest:
+        raise ValueError(
+            f"task {task.name!r}: evaluating {len(task.items) if limit is None else limit} of its {len(task.items)} "
+            "items leaves none for a held-out calibration; lower the limit or calibrate on the same items"
+        )
+    return replace(task, items=rest)
 
 
 # Built-in task modules register themselves on import.

@@ -1,0 +1,206 @@
+"""What stored runs say beyond their curves: bootstrap intervals, overlap of flagged heads, how calibrations differ.
+
+Everything here reads run directories (cells with their per-item answers, calibration scores); nothing runs a
+model. Tables are ``(header, rows)`` of strings, ready for :class:`~inactive_heads.document.Document`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from .figures import figure
+from .overlap import Overlap, overlap, threshold_spread
+from .rundir import RunData, score_label
+from .uncertainty import Bootstrap, Interval, bootstrap_run
+
+__all__ = [
+    "calibration_label",
+    "interval_text",
+    "overlap_figure",
+    "overlap_table",
+    "protocol_table",
+    "run_bootstrap",
+    "run_overlaps",
+    "significant_pairs",
+    "threshold_table",
+]
+
+Table = tuple[list[str], list[list[str]]]
+
+
+def calibration_label(run: RunData) -> str:
+    """How a run was calibrated, in words: on its evaluated items, on other items of its task, or on another task."""
+    meta, task = run.calibration_meta, run.run.get("task")
+    if meta.get("task") not in (None, task):
+        return f"calibrated on {meta['task']}"
+    return "held-out calibration" if meta.get("items") == "heldout" else "calibrated on the evaluated items"
+
+
+def _correct(cell: dict[str, Any], ids: list[Any] | None) -> np.ndarray | None:
+    per_item = cell.get("per_item")
+    if per_item is None or (ids is not None and per_item.get("ids") != ids):
+        return None
+    return np.asarray(per_item["pred"]) == np.asarray(per_item["gold"])
+
+
+def run_bootstrap(run: RunData, n_resamples: int = 1000, seed: int = 0) -> Bootstrap | None:
+    """:func:`~inactive_heads.uncertainty.bootstrap_run` over a run's stored cells; None when a cell lacks its
+    per-item answers (cells stored before they were kept) or the cells disagree on the items."""
+    base = next((c for c in run.cells if c.get("score") is None), None)
+    if base is None or base.get("per_item") is None:
+        return None
+    ids = base["per_item"].get("ids")
+    baseline = _correct(base, ids)
+    curves = {}
+    for name, curve in run.curves().items():
+        points = []
+        for c in curve.extra["cells"]:
+            correct = _correct(c, ids)
+            if correct is None:
+                return None
+            points.append((float(c["fraction_zeroed"]), correct))
+        curves[name] = points
+    assert baseline is not None
+    return bootstrap_run(baseline, curves, n_resamples=n_resamples, seed=seed)
+
+
+def significant_pairs(boot: Bootstrap) -> list[tuple[str, str, float]]:
+    """``(better, worse, share of resamples in which better ranks above)`` for every rank difference that is
+    significant at the bootstrap's level, best-ranked first."""
+    names = list(boot.rank)
+    pairs = [
+        (a, b, boot.better[a][b])
+        for a in names
+        for b in names
+        if a != b and boot.better[a][b] > 0.5 and boot.significant(a, b)
+    ]
+    return sorted(pairs, key=lambda t: (boot.rank[t[0]].value, boot.rank[t[1]].value))
+
+
+def interval_text(iv: Interval, scale: float = 100.0, fmt: str = ".1f", signed: bool = False) -> str:
+    """``value [low, high]`` scaled (percent by default)."""
+    sign = "+" if signed else ""
+    return f"{iv.value * scale:{sign}{fmt}} [{iv.low * scale:{sign}{fmt}}, {iv.high * scale:{sign}{fmt}}]"
+
+
+def run_overlaps(run: RunData, targets: Sequence[float]) -> list[Overlap]:
+    """:func:`~inactive_heads.overlap.overlap` of the run's score functions (with cells) at each target, from its
+    calibration scores; empty without scores."""
+    if run.scores is None:
+        return []
+    names = [n for n in run.score_names if n != "random"]
+    if len(names) < 2:
+        return []
+    scores = run.scores.derive(names)
+    return [overlap(scores, names, t) for t in targets]
+
+
+def overlap_table(overlaps: Sequence[Overlap]) -> Table:
+    """Per target: the largest IoU and the largest precision over all pairs, with the pairs, and AHON (LN) vs
+    AVVN (LN) where both are present (the paper's closest pair)."""
+    rows = []
+    for o in overlaps:
+        iou, ia, ib = o.max_pair("iou")
+        prec, pa, pb = o.max_pair("precision")
+        pair = "–"
+        if "ahon_ln" in o.names and "avvn_ln" in o.names:
+            pair = f"{o.iou[o.names.index('ahon_ln'), o.names.index('avvn_ln')]:.2f}"
+        rows.append(
+            [
+                f"{o.target:g}",
+                f"{iou:.2f} ({score_label(ia)}, {score_label(ib)})",
+                f"{prec:.2f} ({score_label(pa)} in {score_label(pb)})",
+                pair,
+            ]
+        )
+    return [
+        "target",
+        "max IoU (pair)",
+        "max precision (A's heads that B flags too)",
+        "AHON (LN) vs AVVN (LN) IoU",
+    ], rows
+
+
+def overlap_figure(overlaps: Sequence[Overlap], title: str) -> Any:
+    """IoU matrices, one panel per target (lower triangle: IoU; upper: precision of the row's function)."""
+    k = len(overlaps)
+    n = len(overlaps[0].names)
+    fig = figure(0.6 + (1.2 + 0.36 * n) * k, 1.4 + 0.36 * n)
+    labels = [score_label(x) for x in overlaps[0].names]
+    for j, o in enumerate(overlaps):
+        ax = fig.add_subplot(1, k, j + 1)
+        upper = np.triu(np.ones((n, n), dtype=bool), 1)
+        mat = np.where(upper, o.precision, o.iou)
+        np.fill_diagonal(mat, np.nan)  # 1 by definition; left blank
+        ax.imshow(mat, cmap="Blues", vmin=0, vmax=1)
+        for a in range(n):
+            for b in range(n):
+                if a != b and not np.isnan(mat[a, b]):
+                    ax.text(b, a, f"{mat[a, b]:.2f}", ha="center", va="center", fontsize=5.5)
+        ax.set_xticks(range(n), labels if j == 0 else [""] * n, rotation=90, fontsize=6)
+        ax.set_yticks(range(n), labels if j == 0 else [""] * n, fontsize=6)
+        ax.set_title(f"target {o.target:g}", fontsize=8)
+    fig.suptitle(f"{title}: IoU (below the diagonal), precision of the row's heads (above)", fontsize=9)
+    fig.tight_layout()
+    return fig
+
+
+def threshold_table(runs: Sequence[RunData]) -> Table | None:
+    """Thresholds of one model's calibrations on different tasks, side by side, per score and target, with their
+    spread (:func:`~inactive_heads.overlap.threshold_spread`); None unless two tasks were calibrated the same way.
+
+    Thresholds are read from the stored cells, so they are the ones the sweep used."""
+    by_task: dict[str, dict[tuple[str, float], float]] = {}
+    for run in runs:
+        task = str(run.calibration_meta.get("task", run.run.get("task")))
+        for c in run.cells:
+            if c.get("score") is not None and c.get("threshold") is not None:
+                by_task.setdefault(task, {})[(c["score"], float(c["target"]))] = float(c["threshold"])
+    if len(by_task) < 2:
+        return None
+    tasks = list(by_task)
+    keys = sorted({k for t in by_task.values() for k in t}, key=lambda k: (_score_order(runs, k[0]), k[1]))
+    rows = []
+    for score, target in keys:
+        present = {t: by_task[t][(score, target)] for t in tasks if (score, target) in by_task[t]}
+        if len(present) < 2:
+            continue
+        cells = [f"{present[t]:.4g}" if t in present else "–" for t in tasks]
+        rows.append([score_label(score), f"{target:g}", *cells, f"{threshold_spread(present):.3f}"])
+    return ["score", "target", *(f"threshold on {t}" for t in tasks), "spread (max − min) / |median|"], rows
+
+
+def _score_order(runs: Sequence[RunData], score: str) -> int:
+    for run in runs:
+        if score in run.score_names:
+            return run.score_names.index(score)
+    return 1 << 30
+
+
+def protocol_table(variants: Sequence[tuple[RunData, Bootstrap | None]]) -> Table | None:
+    """The same task and model under different calibrations: per (score, target) present in two or more of them,
+    each calibration's accuracy change to baseline (95% interval) and the fraction of heads it actually zeroed."""
+    if len(variants) < 2:
+        return None
+    cells: list[dict[tuple[str, float], str]] = []
+    for run, boot in variants:
+        shown: dict[tuple[str, float], str] = {}
+        for c in run.cells:
+            if c.get("score") is None:
+                continue
+            key = (str(c["score"]), float(c["target"]))
+            iv = None if boot is None else boot.cells.get((key[0], float(c["fraction_zeroed"])))
+            delta = f"{100 * (c['accuracy'] - run.baseline):+.1f}" if iv is None else interval_text(iv, signed=True)
+            shown[key] = f"{delta} at {100 * c['fraction_zeroed']:.1f}%"
+        cells.append(shown)
+    keys = sorted(
+        {k for s in cells for k in s if sum(k in t for t in cells) >= 2},
+        key=lambda k: (_score_order([r for r, _ in variants], k[0]), k[1]),
+    )
+    if not keys:
+        return None
+    header = ["score", "target", *(calibration_label(r) for r, _ in variants)]
+    return header, [[score_label(s), f"{t:g}", *(c.get((s, t), "–") for c in cells)] for s, t in keys]

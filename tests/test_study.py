@@ -1,0 +1,319 @@
+"""Studies: the same cells on every executor, resuming after a killed driver or worker, one report over all runs.
+
+A small study (two tiny models saved to disk, two tasks, a plugin score and task, a few cells) runs with the local
+executor and with Ray on a local instance of 2 CPUs. Tests marked ``ray`` start Ray (``.ci/setup`` installs it).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+from _tiny import tiny_model, tiny_tokenizer
+
+import inactive_heads as ih
+from inactive_heads.cli import main
+from inactive_heads.executors import LocalExecutor, RayExecutor
+from inactive_heads.rundir import Cell
+from inactive_heads.scores import _SCORE_FUNCTIONS
+from inactive_heads.tasks import _TASKS
+
+_PLUGIN = """
+import dataclasses
+import inactive_heads as ih
+from inactive_heads.tasks.recall import recall_task
+
+@ih.register_task("recall_short", summary="recall over 6-word lists")
+def recall_short(data_dir, source):
+    return dataclasses.replace(recall_task(n_items=30, seed=1, n_words=6), name="recall_short")
+
+@ih.register_score("ahon_sq", label="AHON^2", inactive_when="below", needs={"ahon"})
+def ahon_sq(s):
+    return s.ahon ** 2
+"""
+
+
+@pytest.fixture(scope="module")
+def workspace(tmp_path_factory):
+    """Two tiny models on disk and a plugin registering a task and a score (unregistered afterwards)."""
+    root = tmp_path_factory.mktemp("study")
+    for seed, arch in ((0, "llama"), (1, "qwen2")):
+        tiny_model(arch, seed=seed).save_pretrained(root / arch)
+        tiny_tokenizer().save_pretrained(root / arch)
+    (root / "plugin.py").write_text(_PLUGIN)
+    yield root
+    _SCORE_FUNCTIONS.pop("ahon_sq", None)
+    _TASKS.pop("recall_short", None)
+    sys.modules.pop("inactive_heads_plugin_plugin", None)
+
+
+def _study_file(root: Path, name: str = "tiny", *, targets: str = "[0.25]", limit: int = 6, extra: str = "") -> Path:
+    path = root / f"{name}.toml"
+    path.write_text(
+        textwrap.dedent(
+            f"""
+            name = "{name}"
+            scores = ["ahon_ln", "ahon_sq"]
+            targets = {targets}
+            batch_size = 4
+            plugins = ["plugin.py"]
+            pairs = [["llama", "qwen"]]
+            {extra}
+
+            [resources]
+            workers = 2
+            cpus = 1
+
+            [[models]]
+            name = "llama"
+            spec = "llama"
+
+            [[models]]
+            name = "qwen"
+            spec = "qwen2"
+
+            [[tasks]]
+            name = "recall"
+            limit = {limit}
+
+            [[tasks]]
+            name = "recall_short"
+            limit = {limit}
+            """
+        )
+    )
+    return path
+
+
+def _cells(out: Path) -> dict[str, dict]:
+    """Every stored cell of a study directory by run and key, without its timing; checks each is a valid Cell."""
+    found = {}
+    assert not list((out / "runs").glob("*/cells/.*.tmp"))  # no temp file of a torn write
+    for path in sorted((out / "runs").glob("*/cells/*.json")):
+        cell = json.loads(path.read_text())
+        Cell.from_json(cell)
+        found[f"{path.parent.parent.name}/{path.stem}"] = {k: v for k, v in cell.items() if k != "seconds"}
+    return found
+
+
+def _snapshot(out: Path) -> dict[str, tuple[bytes, int]]:
+    return {str(p): (p.read_bytes(), p.stat().st_mtime_ns) for p in (out / "runs").glob("*/cells/*.json")}
+
+
+@pytest.fixture(scope="module")
+def local_run(workspace, tmp_path_factory):
+    out = tmp_path_factory.mktemp("local")
+    return ih.study(_study_file(workspace), out, progress=False)
+
+
+@pytest.fixture(scope="module")
+def ray_instance():
+    ray = pytest.importorskip("ray", reason="the ray executor needs Ray: .ci/setup installs the ray extra")
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    yield ray
+    ray.shutdown()
+
+
+# 2 models x 2 tasks x (baseline + 2 scores x 1 target)
+_CELLS = 2 * 2 * 3
+
+
+def test_local_study_computes_every_cell_and_writes_one_report(local_run):
+    assert local_run.cells == local_run.computed == _CELLS and local_run.calibrated == 4 and local_run.reused == 0
+    assert len(_cells(local_run.out)) == _CELLS and len(local_run.runs) == 4
+    recorded = json.loads((local_run.out / "study.json").read_text())
+    assert recorded["study"]["name"] == "tiny" and recorded["study"]["scores"] == ["ahon_ln", "ahon_sq"]
+    md = (local_run.out / "report" / "report.md").read_text()
+    for heading in (
+        "# Study tiny",
+        "## recall (0-shot, 6 items; calibrated on the evaluated items)",
+        "## recall_short (0-shot, 6 items; calibrated on the evaluated items)",
+    ):
+        assert heading in md
+    assert "| score | label | llama | qwen | mean rank |" in md  # Table 2 across models, per task
+    # Bootstrap intervals beside Table 2's values and ranks, and which rank differences are significant.
+    assert re.search(r"\| AHON \(LN\) \| \d+\.\d \[\d+\.\d, \d+\.\d\] \(\d(\.5)? \[\d", md)
+    assert md.count("rank differences significant at 95%") == 4
+    assert "## Overlap between score functions" in md and "### llama — calibration on recall" in md
+    assert "## Threshold stability across tasks" in md and "| threshold on recall | threshold on recall_short |" in md
+    assert "## Calibration protocols" not in md  # every task is calibrated one way only
+    assert "### llama vs qwen — recall (0-shot, 6 items; calibrated on the evaluated items)" in md  # the declared pair
+    assert local_run.report is not None and local_run.report.is_file()
+
+
+def test_rerun_computes_nothing_and_a_changed_study_adds_only_its_new_cells(local_run, workspace, tmp_path):
+    out = tmp_path / "study"
+    shutil.copytree(local_run.out, out, copy_function=shutil.copy2)
+    before = _snapshot(out)
+    again = ih.study(_study_file(workspace), out, progress=False)
+    assert again.computed == again.calibrated == 0 and again.reused == _CELLS
+    assert _snapshot(out) == before
+    wider = ih.study(_study_file(workspace, targets="[0.25, 0.5]"), out, progress=False)
+    assert wider.calibrated == 0 and wider.computed == 2 * 2 * 2 and wider.cells == _CELLS + 8
+    assert all(before[p] == _snapshot(out)[p] for p in before)
+    # Back to the first grid: nothing runs, and the report shows only this grid's cells.
+    ih.study(_study_file(workspace), out, progress=False)
+    md = (out / "report" / "report.md").read_text()
+    assert "| ahon_sq | 0.5 |" not in md and "| ahon_sq | 0.25 |" in md
+
+
+def test_an_executor_is_one_registered_class(local_run, workspace, tmp_path):
+    @ih.register_executor
+    class ModelsInReverse(LocalExecutor):
+        name = "reverse-test"
+
+        def run(self, groups, on_result):
+            super().run(list(reversed(groups)), on_result)
+
+    try:
+        assert ih.EXECUTORS["reverse-test"] is ModelsInReverse
+        with pytest.raises(ValueError, match="already registered"):
+            ih.register_executor(ModelsInReverse)
+        result = ih.study(_study_file(workspace), tmp_path, executor="reverse-test", progress=False)
+        assert _cells(result.out) == _cells(local_run.out)
+    finally:
+        from inactive_heads.executors import _EXECUTORS
+
+        _EXECUTORS.pop("reverse-test", None)
+    with pytest.raises(ValueError, match="unknown executor 'nope'"):
+        ih.study(_study_file(workspace), tmp_path, executor="nope", progress=False)
+    with pytest.raises(ValueError, match="takes no address"):
+        ih.study(_study_file(workspace), tmp_path, address="auto", progress=False)
+
+
+@pytest.mark.ray
+def test_ray_gives_the_same_cells_as_local(local_run, workspace, tmp_path, ray_instance):
+    result = ih.study(_study_file(workspace), tmp_path, executor=RayExecutor(), progress=False)
+    assert result.computed == result.cells == _CELLS and result.calibrated == 4
+    assert _cells(result.out) == _cells(local_run.out)
+    assert (result.out / "report" / "report.html").is_file()
+
+
+@pytest.mark.ray
+def test_ray_refuses_a_worker_no_node_can_hold(workspace, tmp_path, ray_instance):
+    study = _study_file(workspace, "gpu", extra="")
+    study.write_text(study.read_text().replace("cpus = 1", "cpus = 1\ngpus = 1"))
+    with pytest.raises(
+        ValueError, match=r"asks for CPU 1, GPU 1, but the largest node of the Ray cluster has CPU 2, GPU 0"
+    ):
+        ih.study(study, tmp_path, executor=RayExecutor(), progress=False)
+    assert not list(tmp_path.glob("runs/*/cells/*.json"))
+
+
+def _start(study: Path, out: Path, executor: str, mark: str) -> subprocess.Popen:
+    env = {**os.environ, "IH_TEST_MARK": mark, "PYTHONPATH": os.pathsep.join(sys.path)}
+    command = [sys.executable, "-m", "inactive_heads", "study", str(study), "--out", str(out), "--executor", executor]
+    return subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def _wait_for_cells(out: Path, n: int, proc: subprocess.Popen, timeout: float = 240) -> None:
+    deadline = time.monotonic() + timeout
+    while len(list(out.glob("runs/*/cells/*.json"))) < n:
+        assert proc.poll() is None, f"the study ended before {n} cells were stored:\n{proc.communicate()[0]}"
+        assert time.monotonic() < deadline, f"fewer than {n} cells after {timeout} s"
+        time.sleep(0.2)
+
+
+def _processes(mark: str, name: str) -> list[int]:
+    """Pids of processes started for this test (they carry its mark in their environment) named ``name``."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                env = (entry / "environ").read_bytes().split(b"\0")
+                cmd = (entry / "cmdline").read_bytes()
+            except OSError:
+                continue
+            if f"IH_TEST_MARK={mark}".encode() in env and name.encode() in cmd:
+                found.append(int(entry.name))
+    return found
+
+
+def _describe(pids: list[int]) -> list[str]:
+    out = []
+    for pid in pids:
+        with contextlib.suppress(OSError):
+            out.append(f"{pid}: {Path(f'/proc/{pid}/cmdline').read_bytes().replace(NUL, b' ')[:160].decode()}")
+    return out
+
+
+NUL = b"\0"
+
+
+@pytest.mark.ray
+@pytest.mark.skipif(not Path("/proc").is_dir(), reason="finds Ray's worker processes through /proc")
+def test_killed_ray_worker_loses_only_its_cell_in_flight(local_run, workspace, tmp_path):
+    pytest.importorskip("ray", reason="the ray executor needs Ray: .ci/setup installs the ray extra")
+    mark = uuid.uuid4().hex
+    proc = _start(_study_file(workspace, limit=24), tmp_path, "ray", mark)
+    try:
+        _wait_for_cells(tmp_path, 2, proc)
+        deadline = time.monotonic() + 60
+        while not (workers := _processes(mark, "ray::_ModelWorker")):
+            assert time.monotonic() < deadline, "no Ray worker process found"
+            time.sleep(0.2)
+        os.kill(workers[0], signal.SIGKILL)
+        output, _ = proc.communicate(timeout=600)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    # The killed worker was restarted and its job retried: the study finished, every cell once, none torn.
+    assert proc.returncode == 0, output
+    stored = _cells(tmp_path)
+    assert len(stored) == _CELLS
+    again = ih.study(_study_file(workspace, limit=24), tmp_path, progress=False)
+    assert again.computed == again.calibrated == 0 and again.reused == _CELLS
+
+
+@pytest.mark.ray
+def test_killed_driver_resumes_without_recomputing_a_finished_cell(workspace, tmp_path):
+    pytest.importorskip("ray", reason="the ray executor needs Ray: .ci/setup installs the ray extra")
+    mark = uuid.uuid4().hex
+    study = _study_file(workspace, limit=24)
+    proc = _start(study, tmp_path, "ray", mark)
+    try:
+        _wait_for_cells(tmp_path, 3, proc)
+        proc.send_signal(signal.SIGKILL)  # no cleanup code runs; Ray's processes go with their driver
+        proc.wait(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    deadline = time.monotonic() + 120
+    while left := _processes(mark, "ray"):
+        assert time.monotonic() < deadline, f"Ray processes outlived their killed driver: {_describe(left)}"
+        time.sleep(0.5)
+    before = _snapshot(tmp_path)
+    assert 3 <= len(before) < _CELLS
+    result = ih.study(study, tmp_path, progress=False)
+    assert result.reused == len(before) and result.computed == _CELLS - len(before)
+    after = _snapshot(tmp_path)
+    assert all(after[p] == before[p] for p in before)  # finished cells untouched: not recomputed, not rewritten
+    assert len(_cells(tmp_path)) == _CELLS
+
+
+@pytest.mark.slow
+@pytest.mark.ray
+def test_offline_example_runs_on_both_executors_with_the_same_cells(tmp_path, capsys, smollm2_gguf):
+    pytest.importorskip("ray", reason="the ray executor needs Ray: .ci/setup installs the ray extra")
+    example = Path(__file__).resolve().parents[1] / "examples" / "offline.toml"
+    local, ray = tmp_path / "local", tmp_path / "ray"
+    assert main(["study", str(example), "--out", str(local), "--limit", "4"]) == 0
+    assert main(["study", str(example), "--out", str(ray), "--limit", "4", "--executor", "ray"]) == 0
+    printed = capsys.readouterr().out
+    assert printed.count("50 cells of 2 runs (50 evaluated now, 0 already stored; 2 calibrations)") == 2
+    assert _cells(local) == _cells(ray) and len(_cells(local)) == 50
+    for out in (local, ray):
+        md = (out / "report" / "report.md").read_text()
+        assert "## recall (0-shot, 4 items; calibrated on the evaluated items)" in md
+        assert "## mmlu (0-shot, 4 items; calibrated on the evaluated items)" in md
