@@ -23,7 +23,14 @@ from typing import Any
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-__all__ = ["SHORT_MMLU_SUBJECTS", "lm_eval_module", "lm_eval_tasks_dir", "run_lm_eval", "write_lm_eval_tasks"]
+__all__ = [
+    "SHORT_MMLU_SUBJECTS",
+    "lm_eval_module",
+    "lm_eval_tasks_dir",
+    "run_lm_eval",
+    "run_lm_eval_generate",
+    "write_lm_eval_tasks",
+]
 
 #: The 10 MMLU subjects with the shortest 5-shot prompts (parity test and speed runs: 10 items per subject, as in
 #: a full-subject run where the few-shot block of a subject is shared by all its questions).
@@ -103,10 +110,17 @@ def _pool_split(
     return _dump(path, [row(i) for i in every]), list(every), picked
 
 
+def _gsm8k_generation(max_gen_toks: int) -> dict[str, Any]:
+    # gsm8k.yaml's generation_kwargs with a smaller cap on new tokens.
+    until = ["Question:", "</s>", "<|im_end|>"]
+    return {"until": until, "do_sample": False, "temperature": 0.0, "max_gen_toks": max_gen_toks}
+
+
 def write_lm_eval_tasks(
-    task: str, item_ids: list[str], out: Path, data: Path, shots: int = 0
+    task: str, item_ids: list[str], out: Path, data: Path, shots: int = 0, max_gen_toks: int | None = None
 ) -> tuple[dict[str, list[str]], dict[str, list[int]] | None]:
     """Local lm-eval tasks for exactly ``item_ids`` of ``task`` (every built-in task but ``recall``).
+    ``max_gen_toks``: a generative task's cap on new tokens (None: lm-eval's).
 
     ``data`` is the benchmark folder (the layout of ``$INACTIVE_HEADS_DATA``). Returns lm-eval task name -> item ids
     in that task's doc order (the logged doc_id i is the i-th id), and lm-eval's ``samples`` (the doc ids to
@@ -166,6 +180,15 @@ def write_lm_eval_tasks(
         include = tasks_dir / "arc" / f"{task}.yaml"
         _local_task(out, f"local_{task}", include, files, training_split=None, validation_split=None)
         names[f"local_{task}"] = list(item_ids)
+    elif task == "gsm8k":
+        # The evaluated items in order; train whole, lm-eval's few-shot split (its sampler draws from it).
+        lines = {s: (data / "gsm8k" / f"{s}.jsonl").read_text(encoding="utf-8").splitlines() for s in ("test", "train")}
+        test = [json.loads(lines["test"][int(i.split(":")[1]) - 1]) for i in item_ids]
+        train = [json.loads(x) for x in lines["train"] if x.strip()]
+        files = {"test": _dump(out / "gsm8k_test.jsonl", test), "train": _dump(out / "gsm8k_train.jsonl", train)}
+        overrides = {} if max_gen_toks is None else {"generation_kwargs": _gsm8k_generation(max_gen_toks)}
+        _local_task(out, "local_gsm8k", tasks_dir / "gsm8k" / "gsm8k.yaml", files, **overrides)
+        names["local_gsm8k"] = list(item_ids)
     elif task in ("winogrande", "hellaswag", "boolq"):
         every, row = _pool_rows(task, data)
         file, ids, picked = _pool_split(item_ids, every, row, shots, out / f"{task}.jsonl")
@@ -221,6 +244,49 @@ def _pool_rows(task: str, data: Path) -> tuple[list[str], Callable[[str], dict[s
         return {key: r[key] for key in ("qID", "sentence", "option1", "option2", "answer")}
 
     return [f"{prefix}:{k + 1}" for k in range(len(lines))], raw
+
+
+def run_lm_eval_generate(
+    model: Any,
+    tokenizer: Any,
+    task: str,
+    item_ids: list[str],
+    out: Path,
+    *,
+    data: Path,
+    shots: int,
+    batch_size: int,
+    max_gen_toks: int,
+) -> dict[str, Any]:
+    """Run a generative lm-eval task on exactly ``item_ids``: per item the generated text and each metric."""
+    import lm_eval
+    from lm_eval.models.huggingface import HFLM
+    from lm_eval.tasks import TaskManager
+
+    names, samples = write_lm_eval_tasks(task, item_ids, out, data, shots, max_gen_toks)
+    lm = HFLM(pretrained=model, tokenizer=tokenizer, batch_size=batch_size, device=str(model.device))
+    res = lm_eval.simple_evaluate(
+        model=lm,
+        tasks=list(names),
+        num_fewshot=shots,
+        samples=samples,
+        log_samples=True,
+        task_manager=TaskManager(include_path=str(out)),
+        bootstrap_iters=0,
+        random_seed=0,
+        numpy_random_seed=0,
+        torch_random_seed=0,
+        fewshot_random_seed=1234,
+    )
+    texts, prompts, metrics = {}, {}, {}
+    for name, ids in names.items():
+        for s in res["samples"][name]:
+            # One sample per (doc, filter); the text and prompt are the doc's.
+            iid = ids[s["doc_id"]]
+            texts[iid] = s["resps"][0][0]
+            prompts[iid] = s["arguments"][0][0]
+            metrics.setdefault(iid, {})[f"exact_match,{s['filter']}"] = float(s["exact_match"])
+    return {"texts": texts, "prompts": prompts, "metrics": metrics, "results": res["results"]}
 
 
 def run_lm_eval(

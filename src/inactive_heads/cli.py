@@ -90,6 +90,8 @@ def _eval_config(args: argparse.Namespace) -> EvalConfig:
         data_dir=args.data_dir,
         source=args.source,
         apply_chat_template=args.chat_template,
+        generation_mode=args.generation_mode,
+        max_gen_toks=args.max_gen_toks,
     )
 
 
@@ -249,6 +251,14 @@ def _add_run_options(p: argparse.ArgumentParser, *, model_required: bool = True,
         default="same",
         help="calibrate on the evaluated items (the paper's protocol) or on other items of the same task",
     )
+    p.add_argument(
+        "--generation-mode",
+        default="step",
+        choices=("recompute", "step"),
+        help="generative tasks: what a zeroing decision sees while decoding (recompute: the whole sequence, "
+        "no KV cache; step: the new token's query, with a KV cache)",
+    )
+    p.add_argument("--max-gen-toks", type=_count(1), default=None, help="generative tasks: cap on new tokens")
 
 
 def _add_sweep_options(p: argparse.ArgumentParser, scores: str, targets: Sequence[float]) -> None:

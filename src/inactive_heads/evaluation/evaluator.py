@@ -13,6 +13,7 @@ from ..engine import Policy, watch
 from ..tasks import Task, get_task, subset
 from .batching import _run, _sharing
 from .config import EvalConfig
+from .generative import _evaluate_generative
 from .metrics import _accuracy, _check_finite, _gold_loglikelihood, _per_item, _predictions, _zeroed_fractions
 from .requests import _build, _chat_fn, _max_length
 from .result import EvalResult, _provenance
@@ -31,7 +32,8 @@ def evaluate(
     progress: bool | Callable[[int], Any] = False,
     **options: Any,
 ) -> EvalResult:
-    """Evaluate ``model`` on ``task`` by log-likelihood, as lm-eval 0.4.x does by default.
+    """Evaluate ``model`` on ``task`` as lm-eval 0.4.x does: by log-likelihood, or for a generative task (GSM8K)
+    by greedy generation and exact match (``config.generation_mode`` says how a policy decides while decoding).
 
     ``task``: a registered name (see :data:`inactive_heads.tasks.TASKS`) or a loaded :class:`Task`.
     ``config``: what to evaluate and how (:class:`EvalConfig`: shots, limit, seed, batch_size, data source, chat
@@ -49,6 +51,8 @@ def evaluate(
         task = get_task(task, config.data_dir, config.source)
     shots = config.shots_for(task)
     items = subset(task.items, config.limit, config.seed)
+    if task.generation is not None:
+        return _evaluate_generative(model, tokenizer, task, items, shots, config, policy, record, progress, t0)
     chat = _chat_fn(tokenizer) if config.apply_chat_template else None
     seqs = _build(task, items, shots, tokenizer, _max_length(model, tokenizer), chat, config.fewshot_as_multiturn)
     t_build = time.perf_counter()

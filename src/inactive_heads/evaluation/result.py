@@ -28,6 +28,12 @@ class EvalResult:
     choice ``c``'s continuation tokens. ``zeroed_*``: measured fraction of zeroed heads over all rows (sequences),
     overall / per layer / per (layer, head), when a policy is active. ``scores``/``zeroed``: per-row tensors
     (rows as in ``rows``), not part of :meth:`to_dict`.
+
+    Generative tasks (GSM8K): ``metrics`` holds lm-eval's ``exact_match,<filter>`` per filter and ``acc``, the first
+    filter's (lm-eval's headline, strict-match); ``generations`` the text per item, ``answers[filter]`` the
+    extracted answer and ``item_metrics[metric]`` the 0/1 score per item; ``generation`` the mode, tokens and
+    tokens/s. ``pred`` is then 1 where the first filter's answer is right, ``gold`` all 1, and there are no
+    log-likelihoods (``gold_loglikelihood`` None). ``zeroed`` rows are forward rows: one per prompt and step.
     """
 
     task: str
@@ -40,7 +46,7 @@ class EvalResult:
     pred_norm: list[int]
     loglikelihoods: list[list[float]]
     is_greedy: list[list[bool]]
-    gold_loglikelihood: float
+    gold_loglikelihood: float | None
     group_metrics: dict[str, dict[str, float]]
     rows: list[tuple[int, int]]
     timing: dict[str, float]
@@ -50,6 +56,10 @@ class EvalResult:
     zeroed_per_head: list[list[float]] | None = None
     scores: HeadScores | None = field(default=None, repr=False)
     zeroed: torch.Tensor | None = field(default=None, repr=False)
+    generations: list[str] | None = None
+    answers: dict[str, list[str]] | None = None
+    item_metrics: dict[str, list[float]] | None = None
+    generation: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-serialisable view (everything but the ``scores`` and ``zeroed`` tensors)."""
@@ -91,6 +101,8 @@ def _provenance(
         "fewshot_as_multiturn": config.fewshot_as_multiturn,
         "target_delimiter": task.target_delimiter,
         "fewshot_delimiter": task.fewshot_delimiter,
+        "generation_mode": config.generation_mode,
+        "max_gen_toks": config.max_gen_toks,
         "policy": _policy_config(policy),
         "record": record,
         "model": _compat.name_or_path(model),

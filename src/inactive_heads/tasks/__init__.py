@@ -28,6 +28,8 @@ __all__ = [
     "DATA_ENV",
     "TASKS",
     "DataError",
+    "Extraction",
+    "Generation",
     "Item",
     "Task",
     "TaskSpec",
@@ -88,6 +90,32 @@ class Item:
         return self.pair(self.gold)
 
 
+@dataclass(frozen=True)
+class Extraction:
+    """One of lm-eval's answer filters: ``regex`` then ``take_first`` (a ``filter_list`` entry)."""
+
+    name: str
+    pattern: str
+    group_select: int = 0
+    fallback: str = "[invalid]"
+
+
+@dataclass(frozen=True)
+class Generation:
+    """How a generative task (lm-eval ``output_type: generate_until``) is decoded and scored.
+
+    Greedy decoding until one of ``until`` (the tokenizer's end-of-text string is added, as lm-eval does) or
+    ``max_gen_toks`` new tokens; each ``extractions`` filter turns the text into an answer compared with the item's
+    target by lm-eval's ``exact_match`` (after removing ``regexes_to_ignore``, lower-cased if ``ignore_case``).
+    """
+
+    until: tuple[str, ...]
+    max_gen_toks: int = 256
+    extractions: tuple[Extraction, ...] = ()
+    regexes_to_ignore: tuple[str, ...] = ()
+    ignore_case: bool = False
+
+
 @dataclass
 class Task:
     """A loaded task: items to score, few-shot pools and the prompt conventions (lm-eval's defaults)."""
@@ -111,6 +139,8 @@ class Task:
     #: why no few-shot source exists, shown when shots > 0 is asked for
     fewshot_missing: str = ""
     notes: str = ""
+    #: set for generative tasks: the item's single continuation is then the target text, not a choice to score
+    generation: Generation | None = None
 
     def description(self, item: Item) -> str:
         return self.descriptions.get(item.group, "")
@@ -266,5 +296,5 @@ def heldout(task: Task, limit: int | None, seed: int = 0) -> Task:
 
 
 # Built-in task modules register themselves on import.
-for _module in ("mmlu", "piqa", "winogrande", "arc", "hellaswag", "boolq", "recall"):
+for _module in ("mmlu", "piqa", "winogrande", "arc", "hellaswag", "boolq", "gsm8k", "recall"):
     importlib.import_module(f"{__name__}.{_module}")

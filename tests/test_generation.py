@@ -1,0 +1,129 @@
+"""Greedy generation under zeroing on tiny random models: the modes against naive loops, batching invariance,
+GSM8K's answer extraction and exact match as lm-eval computes them, and evaluate() on a generative task."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from _tiny import tiny_model, tiny_tokenizer
+
+from inactive_heads import Policy, zero_heads
+from inactive_heads.evaluation import EvalConfig, evaluate
+from inactive_heads.evaluation.generative import _exact_match, _extract
+from inactive_heads.generation import generate_until
+from inactive_heads.tasks import Item, Task
+from inactive_heads.tasks.gsm8k import GSM8K_GENERATION
+
+STRICT, FLEXIBLE = GSM8K_GENERATION.extractions
+PROMPTS = ["Question: 12 + 30?\nAnswer:", "Q: a b c", "Tell me a long story about a cat and a dog."]
+POLICY = Policy(score="ahon_ln", threshold=0.9)
+
+
+@pytest.fixture(scope="module")
+def model():
+    return tiny_model("llama", seed=3)
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return tiny_tokenizer()
+
+
+def _ids(tok, texts=PROMPTS):
+    return [tok(t)["input_ids"] for t in texts]
+
+
+def _naive(model, prompt: list[int], n: int, policy: Policy | None) -> list[int]:
+    """The paper's generation: the growing sequence re-run whole, unbatched, inside zero_heads, argmax each step."""
+    seq, out = list(prompt), []
+    ctx = zero_heads(model, score=policy.score, threshold=policy.threshold) if policy else None
+    with torch.no_grad():
+        if ctx is not None:
+            ctx.__enter__()
+        try:
+            for _ in range(n):
+                t = int(model(torch.tensor([seq])).logits[0, -1].argmax())
+                out.append(t)
+                seq.append(t)
+                if t == 2:
+                    break
+        finally:
+            if ctx is not None:
+                ctx.__exit__(None, None, None)
+    return out
+
+
+@pytest.mark.parametrize("policy", [None, POLICY], ids=["plain", "ahon_ln"])
+def test_recompute_equals_the_naive_loop(model, tok, policy):
+    got = generate_until(
+        model, tok, _ids(tok), until=["\x00never"], max_gen_toks=8, batch_size=3, policy=policy, mode="recompute"
+    )
+    for prompt, tokens in zip(_ids(tok), got.tokens, strict=True):
+        assert tokens == _naive(model, prompt, 8, policy)
+    if policy is not None:
+        assert got.zeroed is not None and got.zeroed.any()
+
+
+def test_step_without_policy_equals_recompute_and_hf_generate(model, tok):
+    ids = _ids(tok)
+    step = generate_until(model, tok, ids, until=["\x00never"], max_gen_toks=8, batch_size=3, mode="step")
+    again = generate_until(model, tok, ids, until=["\x00never"], max_gen_toks=8, batch_size=3, mode="recompute")
+    assert step.tokens == again.tokens
+    for prompt, tokens in zip(ids, step.tokens, strict=True):
+        out = model.generate(torch.tensor([prompt]), max_new_tokens=8, do_sample=False, pad_token_id=0)
+        assert out[0, len(prompt) :].tolist()[: len(tokens)] == tokens
+
+
+@pytest.mark.parametrize("mode", ["step", "recompute"])
+def test_rows_are_independent_of_batching(model, tok, mode):
+    ids = _ids(tok)
+    alone = [generate_until(model, tok, [p], until=["\x00"], max_gen_toks=6, policy=POLICY, mode=mode) for p in ids]
+    together = generate_until(model, tok, ids, until=["\x00"], max_gen_toks=6, batch_size=3, policy=POLICY, mode=mode)
+    assert together.tokens == [a.tokens[0] for a in alone]
+    assert together.texts == [a.texts[0] for a in alone]
+
+
+def test_stop_strings_cut_the_text_and_stop_the_row(model, tok):
+    free = generate_until(model, tok, _ids(tok)[:1], until=["\x00never"], max_gen_toks=10)
+    text = free.texts[0]
+    assert len(text) > 3
+    stop = text[2:4]
+    cut = generate_until(model, tok, _ids(tok)[:1], until=[stop], max_gen_toks=10)
+    assert cut.texts[0] == text.split(stop)[0]
+    assert len(cut.tokens[0]) <= len(free.tokens[0])
+
+
+def test_gsm8k_extraction_and_exact_match_as_lm_eval():
+    ref = "Natalia sold 48/2 = <<48/2=24>>24 clips in May.\n#### 72"
+    assert _extract("so 70 + 2 = 72\n#### 72\n\n", STRICT) == "72"
+    assert _extract("The answer is 72.", STRICT) == "[invalid]"
+    assert _extract("It costs $1,000 then 72.", FLEXIBLE) == "72."  # the last match; "." is ignored when scored
+    assert _extract("no number", FLEXIBLE) == "[invalid]"
+    assert _exact_match("72.", ref, GSM8K_GENERATION) == 1.0
+    assert _exact_match("$1,072", "#### 1072", GSM8K_GENERATION) == 1.0
+    assert _exact_match("71", ref, GSM8K_GENERATION) == 0.0
+
+
+def _task() -> Task:
+    items = [Item(str(i), (f"Question: {i} + {i}?\nAnswer:",), (f"#### {2 * i}",), 0) for i in range(4)]
+    return Task(name="toy_gen", items=items, default_shots=1, fewshot={"": items[:2]}, generation=GSM8K_GENERATION)
+
+
+@pytest.mark.parametrize("mode", ["step", "recompute"])
+def test_evaluate_on_a_generative_task(model, tok, mode):
+    res = evaluate(model, tok, _task(), max_gen_toks=5, batch_size=2, generation_mode=mode, policy=POLICY)
+    assert res.n_items == 4 and len(res.generations) == 4
+    assert set(res.metrics) == {"exact_match,strict-match", "exact_match,flexible-extract", "acc"}
+    assert res.generation["mode"] == mode and res.config["generation_mode"] == mode
+    assert res.zeroed_fraction is not None and res.gold_loglikelihood is None
+    rec = evaluate(model, tok, _task(), max_gen_toks=3, record=True)
+    assert rec.scores is not None and rec.scores["ahon_ln"].shape[0] == 4  # one row per prompt
+
+
+def test_generation_options_leave_existing_identities_alone():
+    assert EvalConfig().identity() == EvalConfig(generation_mode="step").identity()
+    assert "generation_mode" not in EvalConfig().identity()
+    assert EvalConfig(generation_mode="recompute").identity()["generation_mode"] == "recompute"
+    assert EvalConfig(max_gen_toks=16).identity()["max_gen_toks"] == 16
+    with pytest.raises(ValueError, match="generation_mode"):
+        EvalConfig(generation_mode="running")
