@@ -127,3 +127,18 @@ def test_generation_options_leave_existing_identities_alone():
     assert EvalConfig(max_gen_toks=16).identity()["max_gen_toks"] == 16
     with pytest.raises(ValueError, match="generation_mode"):
         EvalConfig(generation_mode="running")
+
+
+@pytest.mark.parametrize("mode", ["step", "recompute"])
+def test_sweep_runs_a_generative_task_and_resumes(model, tok, tmp_path, mode):
+    from inactive_heads import sweep
+    from inactive_heads.rundir import load_run
+
+    kw = dict(scores=["ahon_ln", "random"], targets=[0.0, 0.3], max_gen_toks=3, batch_size=2, progress=False)
+    cells = sweep(model, tok, _task(), tmp_path, generation_mode=mode, **kw)
+    assert len(cells) == 5  # the baseline and two cells per score
+    run = load_run(tmp_path)
+    # The mode is part of the run's identity (absent at its default, so older runs keep theirs).
+    assert run.run["evaluation"].get("generation_mode", "step") == mode
+    again = sweep(model, tok, _task(), tmp_path, generation_mode=mode, **kw)
+    assert [c["accuracy"] for c in again] == [c["accuracy"] for c in cells]
