@@ -7,7 +7,7 @@ import pytest
 import torch
 from _tiny import tiny_model, tiny_tokenizer
 
-from inactive_heads import Policy, zero_heads
+from inactive_heads import Policy, record_scores, watch
 from inactive_heads.evaluation import EvalConfig, evaluate
 from inactive_heads.evaluation.generative import _exact_match, _extract
 from inactive_heads.generation import generate_until
@@ -36,7 +36,7 @@ def _ids(tok, texts=PROMPTS):
 def _naive(model, prompt: list[int], n: int, policy: Policy | None) -> list[int]:
     """The paper's generation: the growing sequence re-run whole, unbatched, inside zero_heads, argmax each step."""
     seq, out = list(prompt), []
-    ctx = zero_heads(model, score=policy.score, threshold=policy.threshold) if policy else None
+    ctx = watch(model, policy) if policy else None
     with torch.no_grad():
         if ctx is not None:
             ctx.__enter__()
@@ -74,7 +74,25 @@ def test_step_without_policy_equals_recompute_and_hf_generate(model, tok):
         assert out[0, len(prompt) :].tolist()[: len(tokens)] == tokens
 
 
-@pytest.mark.parametrize("mode", ["step", "recompute"])
+def test_prompt_mode_equals_a_naive_loop_with_the_prompts_decision_fixed(model, tok):
+    # A threshold that zeroes about half the heads on these prompts, so that the decision matters.
+    policy = Policy(score="ahon_ln", threshold=float(record_scores(model, tok, PROMPTS)["ahon_ln"].median()))
+    kw = dict(until=["\x00never"], batch_size=3, policy=policy)
+    got = generate_until(model, tok, _ids(tok), max_gen_toks=8, mode="prompt", **kw)
+    step = generate_until(model, tok, _ids(tok), max_gen_toks=1, mode="step", **kw)
+    decisions = []
+    for r, prompt in enumerate(_ids(tok)):
+        with watch(model, policy) as w, torch.no_grad():
+            model(torch.tensor([prompt]))
+        fixed = w.zeroed[0]
+        decisions.append(fixed)
+        assert got.tokens[r] == _naive(model, prompt, 8, Policy(mask=fixed))
+        assert got.tokens[r][0] == step.tokens[r][0]  # the first token comes from the same decision
+    assert torch.stack(decisions).any() and not torch.stack(decisions).all()
+    assert 0 < got.kv_bytes_droppable < got.kv_bytes
+
+
+@pytest.mark.parametrize("mode", ["step", "recompute", "prompt"])
 def test_rows_are_independent_of_batching(model, tok, mode):
     ids = _ids(tok)
     alone = [generate_until(model, tok, [p], until=["\x00"], max_gen_toks=6, policy=POLICY, mode=mode) for p in ids]
@@ -109,7 +127,7 @@ def _task() -> Task:
     return Task(name="toy_gen", items=items, default_shots=1, fewshot={"": items[:2]}, generation=GSM8K_GENERATION)
 
 
-@pytest.mark.parametrize("mode", ["step", "recompute"])
+@pytest.mark.parametrize("mode", ["step", "recompute", "prompt"])
 def test_evaluate_on_a_generative_task(model, tok, mode):
     res = evaluate(model, tok, _task(), max_gen_toks=5, batch_size=2, generation_mode=mode, policy=POLICY)
     assert res.n_items == 4 and len(res.generations) == 4

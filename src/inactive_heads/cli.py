@@ -254,9 +254,9 @@ def _add_run_options(p: argparse.ArgumentParser, *, model_required: bool = True,
     p.add_argument(
         "--generation-mode",
         default="step",
-        choices=("recompute", "step"),
+        choices=("recompute", "step", "prompt"),
         help="generative tasks: what a zeroing decision sees while decoding (recompute: the whole sequence, "
-        "no KV cache; step: the new token's query, with a KV cache)",
+        "no KV cache; step: the new token's query, with a KV cache; prompt: the prompt, decided once)",
     )
     p.add_argument("--max-gen-toks", type=_count(1), default=None, help="generative tasks: cap on new tokens")
 

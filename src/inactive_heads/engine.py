@@ -44,7 +44,9 @@ class Policy:
     """Which heads to zero: dynamically by ``score``/``threshold`` per input and layer, or by a static ``mask``.
 
     ``score="random"`` draws uniform scores in [0, 1) from ``seed``; a head is zeroed when its score passes the
-    threshold on the side given by the score function's ``inactive_when``.
+    threshold on the side given by the score function's ``inactive_when``. A ``mask`` is bool [n_layers, n_heads]
+    for every row, or [batch, n_layers, n_heads], one per row, for forwards of exactly ``batch`` rows (heads fixed per
+    sequence, as when generating with decisions taken on the prompt).
     """
 
     score: str | None = None
@@ -70,9 +72,10 @@ class Policy:
             raise ValueError("threshold= applies to score=, not to a static mask=")
         if isinstance(self.seed, bool) or not isinstance(self.seed, int):
             raise TypeError(f"seed must be an int, got {type(self.seed).__name__} {self.seed!r}")
-        if self.mask is not None and (self.mask.dtype != torch.bool or self.mask.dim() != 2):
+        if self.mask is not None and (self.mask.dtype != torch.bool or self.mask.dim() not in (2, 3)):
             raise ValueError(
-                f"mask must be a bool tensor [n_layers, n_heads], got {self.mask.dtype} {tuple(self.mask.shape)}"
+                "mask must be a bool tensor [n_layers, n_heads] or [batch, n_layers, n_heads], got "
+                f"{self.mask.dtype} {tuple(self.mask.shape)}"
             )
 
     @property
@@ -176,7 +179,7 @@ class _Session:
         self._zeroed_all: torch.Tensor | None = None
         self._scores_all: HeadScores | None = None
         self._scores_for: tuple[ScoreSpec, ...] = ()  # the registry _scores_all was derived with
-        if policy is not None and policy.mask is not None and tuple(policy.mask.shape) != (self.n_layers, n_heads):
+        if policy is not None and policy.mask is not None and tuple(policy.mask.shape[-2:]) != (self.n_layers, n_heads):
             raise ValueError(
                 f"mask has shape {tuple(policy.mask.shape)} but the model has {self.n_layers} layers x {n_heads} heads"
             )
@@ -210,7 +213,10 @@ class _Session:
         zero = None
         if self.policy is not None:
             if self.policy.mask is not None:
-                zero = self._static_mask(out.device)[layer].expand(batch, -1)
+                static = self._static_mask(out.device)
+                if static.dim() == 3 and static.shape[0] != batch:
+                    raise ValueError(f"a per-row mask for {static.shape[0]} rows applied to a forward of {batch} rows")
+                zero = static[layer].expand(batch, -1) if static.dim() == 2 else static[:, layer]
             else:
                 assert self.policy.score is not None and self.policy.threshold is not None  # see Policy
                 spec = SCORE_FUNCTIONS[self.policy.score]

@@ -11,6 +11,10 @@ Under a policy, ``mode`` says what each zeroing decision sees:
   statistics over all real positions of that pass. Quadratic in the generated length.
 - ``"step"``: with a KV cache; the prompt's pass decides on the prompt's positions, every later step on the new
   token's single query (what :func:`~inactive_heads.engine.watch` does under ``model.generate``).
+- ``"prompt"``: with a KV cache; the prompt's pass decides, per row, and those heads stay zeroed for every generated
+  token. Their keys and values are then never read again: a KV head whose query heads are all zeroed can leave the
+  cache. ``Generated.kv_bytes_droppable`` counts those bytes over the final cache (real positions only) beside
+  ``kv_bytes``, the cache's size; the dense cache used here keeps them (a per-row, per-head cache would not).
 """
 
 from __future__ import annotations
@@ -29,9 +33,9 @@ from .engine import Policy, watch
 __all__ = ["MODES", "Generated", "generate_until"]
 
 #: Zeroing modes during generation (see the module docstring).
-MODES = ("recompute", "step")
+MODES = ("recompute", "step", "prompt")
 
-Mode = Literal["recompute", "step"]
+Mode = Literal["recompute", "step", "prompt"]
 
 
 @dataclass
@@ -50,6 +54,8 @@ class Generated:
     new_tokens: int
     mode: str
     zeroed: torch.Tensor | None = field(default=None, repr=False)
+    kv_bytes: int = 0
+    kv_bytes_droppable: int = 0
 
     @property
     def tokens_per_s(self) -> float:
@@ -115,30 +121,28 @@ def generate_until(
     was_training = model.training
     model.eval()
     t0 = time.perf_counter()
-    forwards = 0
-    ctx = watch(model, policy=policy) if policy is not None else None
+    forwards, kv_bytes, kv_drop = 0, 0, 0
+    zeroed: list[torch.Tensor] = []
     try:
-        w = ctx.__enter__() if ctx is not None else None
         for start in range(0, len(order), batch_size):
             chunk = order[start : start + batch_size]
-            out, n = _decode_batch(
-                model, [prompts[i] for i in chunk], tokenizer, stops, lookback, eos, pad_id, max_gen_toks, mode
-            )
-            forwards += n
-            for i, toks in zip(chunk, out, strict=True):
+            batch = _Batch(model, [prompts[i] for i in chunk], pad_id, policy, mode)
+            for i, toks in zip(chunk, batch.run(tokenizer, stops, lookback, eos, max_gen_toks), strict=True):
                 tokens[i] = toks
+            forwards += batch.forwards
+            zeroed += batch.zeroed
+            kv_bytes += batch.kv_bytes
+            kv_drop += batch.kv_bytes_droppable
             if bar is not None:
                 bar.update(len(chunk))
-        zeroed = w.zeroed if w is not None else None
     finally:
-        if ctx is not None:
-            ctx.__exit__(None, None, None)
         model.train(was_training)
         if bar is not None:
             bar.close()
     seconds = time.perf_counter() - t0
     texts = [_cut(tokenizer.decode(t, skip_special_tokens=True), stops) for t in tokens]
-    return Generated(texts, tokens, seconds, forwards, sum(map(len, tokens)), mode, zeroed)
+    rows = torch.cat(zeroed) if zeroed else None
+    return Generated(texts, tokens, seconds, forwards, sum(map(len, tokens)), mode, rows, kv_bytes, kv_drop)
 
 
 def _positions(mask: torch.Tensor) -> torch.Tensor:
@@ -146,62 +150,89 @@ def _positions(mask: torch.Tensor) -> torch.Tensor:
     return (mask.long().cumsum(-1) - 1).masked_fill(mask == 0, 0)
 
 
-@torch.no_grad()
-def _decode_batch(
-    model: PreTrainedModel,
-    prompts: list[Sequence[int]],
-    tokenizer: Any,
-    stops: list[str],
-    lookback: int,
-    eos: set[int],
-    pad_id: int,
-    max_new: int,
-    mode: Mode,
-) -> tuple[list[list[int]], int]:
-    device = next(model.parameters()).device
-    width = max(len(p) for p in prompts)
-    ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
-    mask = torch.zeros((len(prompts), width), dtype=torch.long)
-    for r, p in enumerate(prompts):
-        ids[r, width - len(p) :] = torch.tensor(list(p), dtype=torch.long)
-        mask[r, width - len(p) :] = 1
-    ids, mask = ids.to(device), mask.to(device)
-    cached = mode == "step"
-    cache_kw = _compat.cache_kwarg(model)
-    out = model(input_ids=ids, attention_mask=mask, position_ids=_positions(mask), use_cache=cached, logits_to_keep=1)
-    forwards = 1
-    past = _compat.output_cache(out) if cached else None
-    pos = _positions(mask)[:, -1:]
-    gen: list[list[int]] = [[] for _ in prompts]
-    done = [False] * len(prompts)
-    for step in range(max_new):
-        nxt = out.logits[:, -1].argmax(-1).tolist()
-        for r, t in enumerate(nxt):
-            if done[r]:
-                nxt[r] = pad_id  # a finished row is fed padding, as HF generate does
-                continue
-            gen[r].append(t)
-            tail = tokenizer.decode(gen[r][-lookback:], skip_special_tokens=False)
-            done[r] = t in eos or any(s in tail for s in stops)
-        if all(done) or step == max_new - 1:
-            break
-        new = torch.tensor(nxt, dtype=torch.long, device=device)[:, None]
-        mask = torch.cat([mask, torch.ones_like(new)], dim=1)
-        pos = pos + 1
+class _Batch:
+    """One left-padded batch decoded greedily under ``policy`` in ``mode``; collects its zeroing rows."""
+
+    def __init__(
+        self, model: PreTrainedModel, prompts: list[Sequence[int]], pad_id: int, policy: Policy | None, mode: Mode
+    ):
+        self.model, self.pad_id, self.policy, self.mode = model, pad_id, policy, mode
+        self.device = next(model.parameters()).device
+        self.lengths = [len(p) for p in prompts]
+        width = max(self.lengths)
+        ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
+        mask = torch.zeros((len(prompts), width), dtype=torch.long)
+        for r, p in enumerate(prompts):
+            ids[r, width - len(p) :] = torch.tensor(list(p), dtype=torch.long)
+            mask[r, width - len(p) :] = 1
+        self.ids, self.mask = ids.to(self.device), mask.to(self.device)
+        self.cache_kw = _compat.cache_kwarg(model)
+        self.forwards = 0
+        self.zeroed: list[torch.Tensor] = []
+        self.kv_bytes = self.kv_bytes_droppable = 0
+
+    def _forward(self, policy: Policy | None, **kwargs: Any) -> Any:
+        self.forwards += 1
+        if policy is None:
+            return self.model(**kwargs, logits_to_keep=1)
+        with watch(self.model, policy=policy) as w:
+            out = self.model(**kwargs, logits_to_keep=1)
+        assert w.zeroed is not None
+        self.zeroed.append(w.zeroed)
+        return out
+
+    @torch.no_grad()
+    def run(self, tokenizer: Any, stops: list[str], lookback: int, eos: set[int], max_new: int) -> list[list[int]]:
+        cached = self.mode != "recompute"
+        mask = self.mask
+        out = self._forward(
+            self.policy, input_ids=self.ids, attention_mask=mask, position_ids=_positions(mask), use_cache=cached
+        )
+        # In prompt mode every later step keeps, per row, the heads the prompt's pass zeroed.
+        steps = self.policy
+        if self.mode == "prompt" and self.policy is not None:
+            steps = Policy(mask=self.zeroed[-1].to(self.device))
+        past = _compat.output_cache(out) if cached else None
+        ids, pos = self.ids, _positions(mask)[:, -1:]
+        gen: list[list[int]] = [[] for _ in self.lengths]
+        done = [False] * len(gen)
+        for step in range(max_new):
+            nxt = out.logits[:, -1].argmax(-1).tolist()
+            for r, t in enumerate(nxt):
+                if done[r]:
+                    nxt[r] = self.pad_id  # a finished row is fed padding, as HF generate does
+                    continue
+                gen[r].append(t)
+                tail = tokenizer.decode(gen[r][-lookback:], skip_special_tokens=False)
+                done[r] = t in eos or any(s in tail for s in stops)
+            if all(done) or step == max_new - 1:
+                break
+            new = torch.tensor(nxt, dtype=torch.long, device=self.device)[:, None]
+            mask = torch.cat([mask, torch.ones_like(new)], dim=1)
+            pos = pos + 1
+            if cached:
+                kw = {self.cache_kw: past}
+                out = self._forward(steps, input_ids=new, attention_mask=mask, position_ids=pos, use_cache=True, **kw)
+                past = _compat.output_cache(out)
+            else:
+                ids = torch.cat([ids, new], dim=1)
+                out = self._forward(
+                    steps, input_ids=ids, attention_mask=mask, position_ids=_positions(mask), use_cache=False
+                )
         if cached:
-            out = model(
-                input_ids=new,
-                attention_mask=mask,
-                position_ids=pos,
-                use_cache=True,
-                logits_to_keep=1,
-                **{cache_kw: past},
-            )
-            past = _compat.output_cache(out)
-        else:
-            ids = torch.cat([ids, new], dim=1)
-            out = model(
-                input_ids=ids, attention_mask=mask, position_ids=_positions(mask), use_cache=False, logits_to_keep=1
-            )
-        forwards += 1
-    return gen, forwards
+            self._count_kv([n + len(g) - 1 for n, g in zip(self.lengths, gen, strict=True)])
+        return gen
+
+    def _count_kv(self, positions: list[int]) -> None:
+        """Bytes of the final cache over real positions, and those of KV heads all of whose query heads are zeroed
+        for the whole generation (prompt mode: the prompt's decision)."""
+        config = _compat.text_config(self.model)
+        layers, heads = _compat.model_shape(self.model)
+        kv_heads = getattr(config, "num_key_value_heads", None) or heads
+        head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+        per_position = 2 * head_dim * next(self.model.parameters()).element_size()  # a key and a value
+        real = torch.tensor(positions, dtype=torch.float64)
+        self.kv_bytes = int(real.sum() * layers * kv_heads * per_position)
+        if self.mode == "prompt" and self.zeroed:
+            dropped = self.zeroed[0].reshape(len(positions), layers, kv_heads, heads // kv_heads).all(-1)
+            self.kv_bytes_droppable = int((dropped.sum((1, 2)).double() * real).sum() * per_position)

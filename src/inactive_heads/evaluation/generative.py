@@ -167,6 +167,8 @@ def _evaluate_generative(
             "forwards": gen.forwards,
             "seconds": gen.seconds,
             "tokens_per_s": gen.tokens_per_s,
+            "kv_bytes": gen.kv_bytes,
+            "kv_bytes_droppable": gen.kv_bytes_droppable,
             "generated_tokens": gen.tokens,
         },
     )
