@@ -61,6 +61,7 @@ def test_identity_is_every_changed_field_but_the_marked_ones():
     marked = {"batch_size", "data_dir", "share_prefix"}
     changed = {"shots": 3, "limit": 7, "seed": 2, "source": "hub", "apply_chat_template": True}
     changed["fewshot_as_multiturn"] = False
+    changed |= {"generation_mode": "prompt", "max_gen_toks": 32}
     config = EvalConfig(**changed, batch_size=2, data_dir="/x", share_prefix=True)
     assert set(changed) | marked == {f.name for f in dataclasses.fields(EvalConfig)}  # every field is exercised
     assert config.identity() == changed

@@ -20,7 +20,7 @@ Under a policy, ``mode`` says what each zeroing decision sees:
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -98,9 +98,13 @@ def generate_until(
     batch_size: int = 8,
     policy: Policy | None = None,
     mode: Mode = "step",
-    progress: bool = False,
+    progress: bool | Callable[[int], Any] = False,
 ) -> Generated:
-    """Greedy-decode every token-id prompt until a stop string (see the module docstring for ``mode``)."""
+    """Greedy-decode every token-id prompt until a stop string (see the module docstring for ``mode``).
+
+    ``progress``: True for a tqdm bar over prompts (with its ETA), or a factory ``progress(total)`` of a tqdm-like
+    bar.
+    """
     if mode not in MODES:
         raise ValueError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
     if max_gen_toks < 1 or batch_size < 1:
@@ -114,10 +118,12 @@ def generate_until(
     order = sorted(range(len(prompts)), key=lambda i: (-len(prompts[i]), tokenizer.decode(prompts[i])))
     tokens: list[list[int]] = [[] for _ in prompts]
     bar = None
-    if progress:
+    if progress is True:
         from tqdm.auto import tqdm
 
         bar = tqdm(total=len(prompts), desc=f"generating ({mode})", unit="prompt")
+    elif progress:
+        bar = progress(len(prompts))
     was_training = model.training
     model.eval()
     t0 = time.perf_counter()

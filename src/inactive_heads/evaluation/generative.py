@@ -10,6 +10,7 @@ from __future__ import annotations
 import random
 import re
 import time
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -87,7 +88,7 @@ def _evaluate_generative(
     config: EvalConfig,
     policy: Policy | None,
     record: bool,
-    progress: bool,
+    progress: bool | Callable[[int], Any],
     t0: float,
 ) -> EvalResult:
     spec = task.generation
