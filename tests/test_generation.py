@@ -10,7 +10,7 @@ from _tiny import tiny_model, tiny_tokenizer
 from inactive_heads import Policy, record_scores, watch
 from inactive_heads.evaluation import EvalConfig, evaluate
 from inactive_heads.evaluation.generative import _exact_match, _extract
-from inactive_heads.generation import generate_until
+from inactive_heads.generation import cascade, generate_until
 from inactive_heads.tasks import Item, Task
 from inactive_heads.tasks.gsm8k import GSM8K_GENERATION
 
@@ -160,3 +160,13 @@ def test_sweep_runs_a_generative_task_and_resumes(model, tok, tmp_path, mode):
     assert run.run["evaluation"].get("generation_mode", "step") == mode
     again = sweep(model, tok, _task(), tmp_path, generation_mode=mode, **kw)
     assert [c["accuracy"] for c in again] == [c["accuracy"] for c in cells]
+
+
+def test_cascade_counts_identical_outputs_and_first_divergences():
+    base = [[1, 2, 3], [4, 5, 6], [7, 8], [9]]
+    other = [[1, 2, 3], [4, 0, 6], [7, 8, 2], [3]]
+    got = cascade(base, other)
+    assert got["identical"] == 0.25
+    assert got["first_divergence"] == [None, 1, 2, 0]  # a longer output diverges where the shorter one ends
+    assert got["divergence_quartiles"][1] == 1.0
+    assert cascade([[1]], [[1]])["divergence_quartiles"] == [None, None, None]

@@ -30,7 +30,7 @@ from transformers import PreTrainedModel
 from . import _compat
 from .engine import Policy, watch
 
-__all__ = ["MODES", "Generated", "generate_until"]
+__all__ = ["MODES", "Generated", "cascade", "generate_until"]
 
 #: Zeroing modes during generation (see the module docstring).
 MODES = ("recompute", "step", "prompt")
@@ -242,3 +242,23 @@ class _Batch:
         if self.mode == "prompt" and self.zeroed:
             dropped = self.zeroed[0].reshape(len(positions), layers, kv_heads, heads // kv_heads).all(-1)
             self.kv_bytes_droppable = int((dropped.sum((1, 2)).double() * real).sum() * per_position)
+
+
+def cascade(baseline: Sequence[Sequence[int]], intervened: Sequence[Sequence[int]]) -> dict[str, Any]:
+    """How far zeroing changes generated outputs: per item, the first token position where ``intervened`` leaves
+    ``baseline`` (None where the outputs are equal), the share of identical outputs, and the divergence positions'
+    quartiles (over the items that diverge)."""
+    first: list[int | None] = []
+    for a, b in zip(baseline, intervened, strict=True):
+        n = next((k for k, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b)))
+        first.append(None if list(a) == list(b) else n)
+    diverged = sorted(k for k in first if k is not None)
+
+    def quantile(q: float) -> float | None:
+        return float(torch.tensor(diverged, dtype=torch.float64).quantile(q)) if diverged else None
+
+    return {
+        "identical": sum(k is None for k in first) / max(len(first), 1),
+        "first_divergence": first,
+        "divergence_quartiles": [quantile(q) for q in (0.25, 0.5, 0.75)],
+    }
