@@ -66,11 +66,17 @@ def resample_counts(n_items: int, n_resamples: int, seed: int) -> np.ndarray:
     return counts
 
 
-def _interval(point: float, samples: np.ndarray, level: float) -> Interval:
+def _interval(point: float, samples: np.ndarray, level: float, *, observed: bool = False) -> Interval:
+    """The percentile interval of ``samples``; ``observed``: its ends are sample values (the wider neighbours), for
+    discrete statistics such as ranks, where an interpolated end like 6.025 names no possible value."""
     tail = (1 - level) / 2 * 100
     if np.isnan(samples).all():  # e.g. an AUC, undefined when every resample has a zero baseline
         return Interval(float(point), float("nan"), float("nan"))
-    low, high = np.nanpercentile(samples, [tail, 100 - tail])
+    if observed:
+        low = np.nanpercentile(samples, tail, method="lower")
+        high = np.nanpercentile(samples, 100 - tail, method="higher")
+    else:
+        low, high = np.nanpercentile(samples, [tail, 100 - tail])
     return Interval(float(point), float(low), float(high))
 
 
@@ -119,7 +125,12 @@ def bootstrap_run(
 
     def metric(key: str) -> dict[str, Interval]:
         return {
-            s: _interval(float(observed[s][key]), np.array([float(r[s][key]) for r in samples]), level)  # type: ignore[arg-type]
+            s: _interval(
+                float(observed[s][key]),  # type: ignore[arg-type]
+                np.array([float(r[s][key]) for r in samples]),  # type: ignore[arg-type]
+                level,
+                observed=key == "rank",
+            )
             for s in names
         }
 

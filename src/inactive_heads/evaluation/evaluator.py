@@ -16,7 +16,7 @@ from .config import EvalConfig
 from .generative import _evaluate_generative
 from .metrics import _accuracy, _check_finite, _gold_loglikelihood, _per_item, _predictions, _zeroed_fractions
 from .requests import _build, _chat_fn, _max_length
-from .result import EvalResult, _provenance
+from .result import EvalResult, _provenance, _timing
 
 __all__ = ["evaluate"]
 
@@ -83,16 +83,15 @@ def evaluate(
     pred, pred_norm = _predictions(items, lls)
     metrics, group_metrics = _accuracy(items, pred, pred_norm, "acc_norm" in task.metrics)
     zeroed_fraction, zeroed_per_layer, zeroed_per_head = _zeroed_fractions(zeroed)
-    t_end = time.perf_counter()
-    timing = {
-        "total_s": t_end - t0,
-        "build_s": t_build - t0,
-        "forward_s": t_run - t_build,
-        "items_per_s": len(items) / max(t_run - t_build, 1e-9),
-        "sequences": len(seqs),
-        "tokens": sum(len(s.tokens) for s in seqs),
-        "forward_tokens": n_forward,
-    }
+    timing = _timing(
+        t0,
+        t_build,
+        t_run,
+        items=len(items),
+        sequences=len(seqs),
+        tokens=sum(len(s.tokens) for s in seqs),
+        forward_tokens=n_forward,
+    )
     return EvalResult(
         task=task.name,
         metrics=metrics,

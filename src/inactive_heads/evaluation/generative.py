@@ -22,7 +22,7 @@ from ..tasks import FEWSHOT_SEED, Extraction, Generation, Item, Task
 from .config import EvalConfig
 from .metrics import _zeroed_fractions
 from .requests import _chat_fn, _encode, _max_length
-from .result import EvalResult, _provenance
+from .result import EvalResult, _provenance, _timing
 
 __all__: list[str] = []
 
@@ -128,15 +128,15 @@ def _evaluate_generative(
     first = next(iter(item_metrics.values()))
     metrics["acc"] = sum(first) / n
     zeroed_fraction, zeroed_per_layer, zeroed_per_head = _zeroed_fractions(gen.zeroed)
-    timing = {
-        "total_s": time.perf_counter() - t0,
-        "build_s": t_build - t0,
-        "forward_s": t_run - t_build,
-        "items_per_s": len(items) / max(t_run - t_build, 1e-9),
-        "sequences": len(items),
-        "tokens": sum(map(len, prompts)),
-        "forward_tokens": gen.forwards,
-    }
+    timing = _timing(
+        t0,
+        t_build,
+        t_run,
+        items=len(items),
+        sequences=len(items),
+        tokens=sum(map(len, prompts)),
+        forward_tokens=gen.forwards,
+    )
     return EvalResult(
         task=task.name,
         metrics=metrics,

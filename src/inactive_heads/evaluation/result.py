@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import platform
+import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -66,6 +67,22 @@ class EvalResult:
         out = {k: v for k, v in asdict(self).items() if k not in ("scores", "zeroed")}
         out["rows"] = [list(r) for r in self.rows]
         return out
+
+
+def _timing(
+    t0: float, t_build: float, t_run: float, *, items: int, sequences: int, tokens: int, forward_tokens: int
+) -> dict[str, float]:
+    """``EvalResult.timing`` of an evaluation that started at ``t0``, finished building its requests at ``t_build``
+    and its forwards at ``t_run`` (``time.perf_counter`` seconds); now is its end."""
+    return {
+        "total_s": time.perf_counter() - t0,
+        "build_s": t_build - t0,
+        "forward_s": t_run - t_build,
+        "items_per_s": items / max(t_run - t_build, 1e-9),
+        "sequences": sequences,
+        "tokens": tokens,
+        "forward_tokens": forward_tokens,
+    }
 
 
 def _policy_config(policy: Policy | None) -> dict[str, Any] | None:
