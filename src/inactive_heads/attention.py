@@ -159,19 +159,26 @@ def attention_with_stats(
     softcap: float | None = None,
     gram: torch.Tensor | None = None,
     is_causal: bool = True,
+    kv_index: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, LayerStats, _Rows]:
     """Attention of query [B,H,S,D] over key/value [B,Hkv,T,D] plus the raw statistics in ``needs``.
 
     Returns the float32 output [B,H,S,Dv] (before the output projection), the statistics (float32 [B,H] each;
     ``random`` is left to the caller) and the row description. ``gram`` [H,Dv,Dv] is needed for fhon.
     ``is_causal`` applies only without ``attention_mask``: causal (top-left aligned) if True, else every key.
+    ``kv_index`` (long [H]) names the KV head each query head reads, for a pruned module whose groups are uneven
+    (see :mod:`inactive_heads._layout`); without it query heads read KV heads in equal consecutive groups.
     """
     batch, heads, q_len, _ = query.shape
     kv_len = key.shape[2]
-    groups = heads // key.shape[1]
     q = query.to(torch.float32)
-    k = key.to(torch.float32).repeat_interleave(groups, dim=1)
-    v = value.to(torch.float32).repeat_interleave(groups, dim=1)
+    if kv_index is None:
+        groups = heads // key.shape[1]
+        k = key.to(torch.float32).repeat_interleave(groups, dim=1)
+        v = value.to(torch.float32).repeat_interleave(groups, dim=1)
+    else:
+        k = key.to(torch.float32).index_select(1, kv_index)
+        v = value.to(torch.float32).index_select(1, kv_index)
     allowed = _allowed(attention_mask, batch, q_len, kv_len)
     causal = is_causal and q_len > 1  # one query attends to every key either way
     rows = _rows(allowed, batch, q_len, kv_len, causal, query.device)
