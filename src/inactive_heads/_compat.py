@@ -121,6 +121,17 @@ def output_cache(output: Any) -> Any:
     return output.cache if "cache" in output else output.past_key_values
 
 
+def cache_states(cache: Any) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """(keys, values) of every layer of a transformers KV cache, each [batch, kv_heads, length, head_dim]."""
+    return [(layer.keys, layer.values) for layer in cache.layers]
+
+
+def set_cache_states(cache: Any, states: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
+    """Make every layer of a (dynamic) KV cache hold ``states`` (as :func:`cache_states` returns them)."""
+    for layer, (keys, values) in zip(cache.layers, states, strict=True):
+        layer.keys, layer.values = keys, values
+
+
 def text_config(model: PreTrainedModel) -> PretrainedConfig:
     """The config of the language model inside ``model`` (the model's own config for a plain LM)."""
     config = model.config

@@ -5,8 +5,8 @@ follow ``.to(device)`` and stay out of the state dict):
 
 * ``inactive_heads_query_heads``: long ``[H_kept]``, the original indices of the remaining query heads, ascending;
 * ``inactive_heads_kv_index``: long ``[H_kept]``, for each remaining query head the position, among the module's
-  remaining key/value heads, of the one it reads. Groups may be uneven, so attention maps query heads to KV heads by
-  this index instead of by ``repeat_interleave(H // H_kv)``.
+  remaining key/value heads, of the one it reads; nondecreasing, as a KV head's query heads stay consecutive.
+  Groups may be uneven, so attention maps query heads to KV heads by this index instead of by equal groups.
 
 A module without them has every original head, in equal groups. The model's (text) config records the removed heads
 per layer under ``inactive_heads_pruned_heads``, so a saved checkpoint says how to rebuild the pruned shapes.
@@ -44,6 +44,8 @@ def set_layout(module: torch.nn.Module, query_heads: torch.Tensor, kv_index: tor
         raise ValueError(
             f"query_heads {tuple(query_heads.shape)} and kv_index {tuple(kv_index.shape)} must be [H_kept]"
         )
+    if bool((kv_index.diff() < 0).any()):  # attention slices each KV head's query heads as one contiguous block
+        raise ValueError(f"kv_index must be nondecreasing, got {kv_index.tolist()}")
     device = next((p.device for p in module.parameters()), torch.device("cpu"))
     module.register_buffer(_QUERY_HEADS, query_heads.to(device, torch.long), persistent=False)
     module.register_buffer(_KV_INDEX, kv_index.to(device, torch.long), persistent=False)
