@@ -182,9 +182,7 @@ def measure(name: str, args: argparse.Namespace, state: State) -> None:
         key = f"{name}/acc/{task}/base"
         if key not in state:
             state.put(key, _accuracy(model, tok, task, args))
-    masks = {
-        (score, f): ih.static_mask(cal, score=score, fraction=f) for score in args.scores for f in args.fractions
-    }
+    masks = {(score, f): ih.static_mask(cal, score=score, fraction=f) for score in args.scores for f in args.fractions}
     for (score, f), mask in masks.items():
         keys = {
             "mask": f"{name}/mask/{score}/{f}",

@@ -19,6 +19,8 @@ from __future__ import annotations
 import json
 import math
 import os
+import shutil
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -378,10 +380,21 @@ def save_pruned(model: PreTrainedModel, directory: str | os.PathLike, tokenizer:
     if not removed.any():
         raise ValueError("model has no removed heads; save an unpruned model with model.save_pretrained")
     directory = Path(directory)
-    directory.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(directory)
-    if tokenizer is not None:
-        tokenizer.save_pretrained(directory)
+    if directory.exists() and (not directory.is_dir() or any(directory.iterdir())):
+        raise FileExistsError(f"{directory} exists and is not empty; choose a new directory or remove it first")
+    # Written beside it and renamed into place: an interrupted save never leaves a partial checkpoint there.
+    directory.parent.mkdir(parents=True, exist_ok=True)
+    partial = Path(tempfile.mkdtemp(prefix=f".{directory.name}.", dir=directory.parent))
+    try:
+        model.save_pretrained(partial)
+        if tokenizer is not None:
+            tokenizer.save_pretrained(partial)
+        if directory.exists():
+            directory.rmdir()
+        partial.rename(directory)
+    except BaseException:
+        shutil.rmtree(partial, ignore_errors=True)
+        raise
     return directory
 
 

@@ -71,7 +71,9 @@ def prefill_seconds(model: PreTrainedModel, length: int, *, seed: int = 0, clock
 
 
 @torch.no_grad()
-def _synthetic_cache(model: PreTrainedModel, context: int, seed: int) -> tuple[Any, list[tuple[torch.Tensor, ...]]]:
+def _synthetic_cache(
+    model: PreTrainedModel, context: int, seed: int
+) -> tuple[Any, list[tuple[torch.Tensor, torch.Tensor]]]:
     """A KV cache of ``context`` random positions per layer, shaped as the model's own (pruned layers included)."""
     out = model(input_ids=_ids(model, 1, seed), use_cache=True, **_last_logits(model))
     cache = _compat.output_cache(out)
@@ -79,7 +81,7 @@ def _synthetic_cache(model: PreTrainedModel, context: int, seed: int) -> tuple[A
     states = []
     for keys, values in _compat.cache_states(cache):
         shape = (keys.shape[0], keys.shape[1], context, keys.shape[3])
-        states.append(tuple(torch.randn(shape, generator=gen).to(keys) for _ in (keys, values)))
+        states.append((torch.randn(shape, generator=gen).to(keys), torch.randn(shape, generator=gen).to(values)))
     return cache, states
 
 
