@@ -160,6 +160,31 @@ def test_compare_prints_w1_between_two_models_calibration_scores(swept, model_di
     assert list(tmp_path.glob("compare_*.png"))
 
 
+def test_prune_writes_a_loadable_model_and_its_measurements(swept, model_dirs, tmp_path):
+    import inactive_heads as ih
+    from inactive_heads.pruning import pruned_mask
+
+    out = tmp_path / "pruned"
+    printed = _main(["prune", "--run-dir", str(swept.dir), "--score", "ahon_ln", "--fraction", "0.25", "-o", str(out),
+                     "--repeats", "1", "--prefill-tokens", "16"])  # fmt: skip
+    summary = json.loads((out / "pruning.json").read_text())
+    mask = ih.static_mask(swept.dir, score="ahon_ln", fraction=0.25)
+    assert summary["removed_heads"] == [row.nonzero().flatten().tolist() for row in mask] and mask.sum() == 3
+    loaded, _ = ih.load_model(out)
+    assert torch.equal(pruned_mask(loaded), mask)
+    params = summary["parameter_bytes"]
+    assert params[1] < params[0] and summary["kv_cache_bytes_per_token"][1] <= summary["kv_cache_bytes_per_token"][0]
+    # The unpruned accuracy is the run's own baseline: the same items and settings.
+    baseline = next(c for c in _cells(swept.dir) if c["score"] is None)
+    assert summary["accuracy"][0] == baseline["accuracy"] and summary["task"] == "recall"
+    # The pruned model scores as the unpruned one with the same heads statically zeroed.
+    model, tok = ih.load_model(model_dirs[0])
+    zeroed = evaluation.evaluate(model, tok, "recall", ih.EvalConfig(limit=12), policy=ih.Policy(mask=mask))
+    assert summary["accuracy"][1] == zeroed.metrics["acc"]
+    assert f"{100 * summary['accuracy'][0]:.2f}% -> {100 * summary['accuracy'][1]:.2f}%" in printed
+    assert main(["prune", "--run-dir", str(swept.dir), "--score", "ahon_ln", "--fraction", "0.25", "-o", str(out)]) == 2
+
+
 @pytest.mark.parametrize(
     ("argv", "message"),
     [

@@ -8,6 +8,7 @@ from .engine import Policy, Watch, record_scores, watch, zero_heads
 from .evaluation import EvalConfig, EvalResult, evaluate
 from .executors import EXECUTORS, Executor, register_executor
 from .loading import load_model
+from .pruning import HeadInactivity, head_inactivity, prune_heads, save_pruned, static_mask
 from .report import write_report
 from .scores import SCORE_FUNCTIONS, HeadScores, LayerStats, register_score
 from .study import StudyResult, study
@@ -23,6 +24,7 @@ __all__ = [
     "EvalConfig",
     "EvalResult",
     "Executor",
+    "HeadInactivity",
     "HeadScores",
     "LayerStats",
     "Policy",
@@ -34,12 +36,16 @@ __all__ = [
     "calibrate",
     "compare_runs",
     "evaluate",
+    "head_inactivity",
     "load_model",
     "load_study",
+    "prune_heads",
     "record_scores",
     "register_executor",
     "register_score",
     "register_task",
+    "save_pruned",
+    "static_mask",
     "study",
     "sweep",
     "thresholds_from_cdf",

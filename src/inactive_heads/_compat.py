@@ -7,6 +7,7 @@ module to change. Everything else in the package uses transformers' public API o
 from __future__ import annotations
 
 import contextlib
+import copy
 import inspect
 from collections.abc import Callable, Iterator
 from typing import Any, cast
@@ -56,6 +57,23 @@ def set_attn_implementation(model: PreTrainedModel, name: str) -> Iterator[None]
             c._attn_implementation_internal = impl
 
 
+def pin_attn_implementation(module: torch.nn.Module, name: str, **attributes: Any) -> None:
+    """Give ``module`` (one attention module) its own shallow copy of its config, on implementation ``name`` whatever
+    the model is set to later, with ``attributes`` overridden (e.g. its own head counts)."""
+    config = copy.copy(cast(PretrainedConfig, module.config))
+    config._attn_implementation_internal = name
+    for key, value in attributes.items():
+        setattr(config, key, value)
+    setattr(module, "config", config)  # noqa: B010  # Module's stub types attributes as tensors and modules
+
+
+def no_init_weights() -> contextlib.AbstractContextManager[None]:
+    """Within the block, models are built without initialising their weights (they are loaded afterwards)."""
+    from transformers.initialization import no_init_weights as no_init
+
+    return no_init()
+
+
 def _configs(model: PreTrainedModel) -> list[PretrainedConfig]:
     seen: set[int] = set()
     out: list[PretrainedConfig] = []
@@ -103,6 +121,17 @@ def output_cache(output: Any) -> Any:
     return output.cache if "cache" in output else output.past_key_values
 
 
+def cache_states(cache: Any) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """(keys, values) of every layer of a transformers KV cache, each [batch, kv_heads, length, head_dim]."""
+    return [(layer.keys, layer.values) for layer in cache.layers]
+
+
+def set_cache_states(cache: Any, states: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
+    """Make every layer of a (dynamic) KV cache hold ``states`` (as :func:`cache_states` returns them)."""
+    for layer, (keys, values) in zip(cache.layers, states, strict=True):
+        layer.keys, layer.values = keys, values
+
+
 def text_config(model: PreTrainedModel) -> PretrainedConfig:
     """The config of the language model inside ``model`` (the model's own config for a plain LM)."""
     config = model.config
@@ -121,6 +150,11 @@ def _int_attr(config: PretrainedConfig, names: tuple[str, ...], what: str) -> in
         if isinstance(value, int) and not isinstance(value, bool):
             return value
     raise ValueError(f"cannot read the number of {what} from {type(config).__name__} (looked for {names})")
+
+
+def is_conv1d(layer: torch.nn.Module) -> bool:
+    """Whether ``layer`` is GPT-2's Conv1D, a linear layer storing its weight as [in_features, out_features]."""
+    return isinstance(layer, Conv1D)
 
 
 def linear_weight(layer: torch.nn.Module) -> torch.Tensor | None:

@@ -111,6 +111,34 @@ def _causal_on_real_rows(mask: torch.Tensor, allowed: torch.Tensor, real_q: torc
     return answer
 
 
+def _output_only(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    allowed: torch.Tensor | None,
+    causal: bool,
+    scale: float,
+    kv_index: torch.Tensor | None,
+) -> torch.Tensor:
+    """The attention output alone (any fused kernel), each KV head read in place: equal groups by SDPA's own GQA, an
+    uneven pruned layout (``kv_index`` nondecreasing, see :mod:`inactive_heads._layout`) by one call per KV head.
+    Copying K and V out to every query head would cost a decoding step over a long cache about as much as attention."""
+    mask = None if allowed is None else additive_mask(allowed, torch.float32)
+    causal = allowed is None and causal
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+    counts = None if kv_index is None else torch.bincount(kv_index, minlength=k.shape[1]).tolist()
+    if counts is None or len(set(counts)) == 1:
+        return sdpa(q, k, v, attn_mask=mask, is_causal=causal, scale=scale, enable_gqa=q.shape[1] != k.shape[1])
+    outs, start = [], 0
+    for head, n in enumerate(counts):
+        if n:
+            kv = slice(head, head + 1)
+            part = q[:, start : start + n]
+            outs.append(sdpa(part, k[:, kv], v[:, kv], attn_mask=mask, is_causal=causal, scale=scale, enable_gqa=True))
+            start += n
+    return torch.cat(outs, 1)
+
+
 def _chunked_eager(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -159,22 +187,29 @@ def attention_with_stats(
     softcap: float | None = None,
     gram: torch.Tensor | None = None,
     is_causal: bool = True,
+    kv_index: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, LayerStats, _Rows]:
     """Attention of query [B,H,S,D] over key/value [B,Hkv,T,D] plus the raw statistics in ``needs``.
 
     Returns the float32 output [B,H,S,Dv] (before the output projection), the statistics (float32 [B,H] each;
     ``random`` is left to the caller) and the row description. ``gram`` [H,Dv,Dv] is needed for fhon.
     ``is_causal`` applies only without ``attention_mask``: causal (top-left aligned) if True, else every key.
+    ``kv_index`` (long [H]) names the KV head each query head reads, for a pruned module whose groups are uneven
+    (see :mod:`inactive_heads._layout`); without it query heads read KV heads in equal consecutive groups.
     """
     batch, heads, q_len, _ = query.shape
     kv_len = key.shape[2]
-    groups = heads // key.shape[1]
     q = query.to(torch.float32)
-    k = key.to(torch.float32).repeat_interleave(groups, dim=1)
-    v = value.to(torch.float32).repeat_interleave(groups, dim=1)
     allowed = _allowed(attention_mask, batch, q_len, kv_len)
     causal = is_causal and q_len > 1  # one query attends to every key either way
     rows = _rows(allowed, batch, q_len, kv_len, causal, query.device)
+    k, v = key.to(torch.float32), value.to(torch.float32)
+    if not needs and softcap is None:
+        return _output_only(q, k, v, allowed, causal, scale, kv_index), LayerStats(), rows
+    if kv_index is None and key.shape[1] != heads:
+        kv_index = torch.arange(heads, device=key.device) // (heads // key.shape[1])
+    if kv_index is not None:  # index_select: measured 7-20x faster than repeat_interleave on CPU
+        k, v = k.index_select(1, kv_index), v.index_select(1, kv_index)
 
     entropy: torch.Tensor | None = None  # both set by either branch that runs when awft or aeqd is needed
     first_w: torch.Tensor | None = None
@@ -209,10 +244,7 @@ def attention_with_stats(
     elif needs & {"awft", "aeqd"} or softcap is not None:
         out, entropy, first_w = _chunked_eager(q, k, v, allowed, scale, softcap, rows.first_k, causal)
     else:  # neither probabilities nor lse needed: any fused kernel will do
-        mask = None if allowed is None else additive_mask(allowed, torch.float32)
-        out = torch.nn.functional.scaled_dot_product_attention(
-            q, k, v, attn_mask=mask, is_causal=allowed is None and causal, scale=scale
-        )
+        out = _output_only(q, k, v, allowed, causal, scale, None)
 
     stats = LayerStats()
     if "awft" in needs:

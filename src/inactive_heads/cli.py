@@ -1,4 +1,4 @@
-"""The ``inactive-heads`` command: calibrate, sweep, report, compare, study, demo, list.
+"""The ``inactive-heads`` command: calibrate, sweep, report, compare, study, prune, demo, list.
 
 Every subcommand is a thin layer over the library (:func:`inactive_heads.sweep`, :func:`inactive_heads.write_report`,
 ...). User errors (bad paths, unknown tasks or scores, malformed data) print one line and exit with status 2;
@@ -188,6 +188,65 @@ def _cmd_study(args: argparse.Namespace) -> None:
         print(f"report: {result.report.resolve()}")
 
 
+def _cmd_prune(args: argparse.Namespace) -> None:
+    import copy
+
+    from . import speed
+    from .evaluation import EvalConfig, evaluate
+    from .pruning import prune_heads, save_pruned, static_mask
+    from .rundir import load_run, model_identity
+    from .store import atomic_write_json
+
+    run = load_run(args.run_dir)
+    if args.out.exists() and (not args.out.is_dir() or any(args.out.iterdir())):
+        raise FileExistsError(f"{args.out} exists and is not empty; choose a new directory for the pruned model")
+    recorded = (run.run.get("model") or {}).get("identity") or {}
+    args.model = args.model or (recorded.get("source") or {}).get("spec")
+    if not args.model:
+        raise ValueError(f"{args.run_dir} does not record where its model came from; pass --model")
+    model, tok = _load(args)
+    if model_identity(model) != recorded:
+        print(f"warning: {args.model} is not the model {args.run_dir} was calibrated on", file=sys.stderr)
+    mask = static_mask(args.run_dir, score=args.score, fraction=args.fraction)
+    pruned = prune_heads(copy.deepcopy(model), mask)
+    save_pruned(pruned, args.out, tok)
+
+    config = EvalConfig(**run.run.get("evaluation", {}), data_dir=args.data_dir, batch_size=args.batch_size)
+    if args.limit is not None:
+        config = config.replace(limit=args.limit)
+    task = run.run["task"]
+    print(f"evaluating {task} ({config.limit or 'all'} items), unpruned and pruned", file=sys.stderr)
+    before = evaluate(model, tok, task, config).metrics["acc"]
+    after = evaluate(pruned, tok, task, config).metrics["acc"]
+    runs = {
+        "unpruned": lambda: speed.prefill_seconds(model, args.prefill_tokens),
+        "pruned": lambda: speed.prefill_seconds(pruned, args.prefill_tokens),
+    }
+    times = speed.interleaved(runs, args.repeats)
+    speedup = sorted(b / p for b, p in zip(times["unpruned"], times["pruned"], strict=True))[len(times["pruned"]) // 2]
+    summary = {
+        "run_dir": str(args.run_dir),
+        "score": args.score,
+        "fraction": args.fraction,
+        "removed_heads": [row.nonzero().flatten().tolist() for row in mask],
+        "parameter_bytes": [speed.parameter_bytes(model), speed.parameter_bytes(pruned)],
+        "kv_cache_bytes_per_token": [speed.kv_cache_bytes(model, 1), speed.kv_cache_bytes(pruned, 1)],
+        f"prefill_speedup_S{args.prefill_tokens}": speedup,
+        "task": task,
+        "evaluation": config.identity(),
+        "accuracy": [before, after],
+    }
+    atomic_write_json(args.out / "pruning.json", summary)
+    params, kv = summary["parameter_bytes"], summary["kv_cache_bytes_per_token"]
+    print(
+        f"pruned {int(mask.sum())} of {mask.numel()} heads by {args.score} -> {args.out}\n"
+        f"  parameters {params[1] / params[0]:.3f}x, KV cache {kv[1] / kv[0]:.3f}x, "
+        f"prefill of {args.prefill_tokens} tokens {speedup:.2f}x faster (median of {args.repeats})\n"
+        f"  {task} accuracy {100 * before:.2f}% -> {100 * after:.2f}% ({100 * (after - before):+.2f} points)\n"
+        f"  load it with inactive_heads.load_model({str(args.out)!r})"
+    )
+
+
 def _cmd_list(args: argparse.Namespace) -> None:
     from .scores import SCORE_FUNCTIONS
     from .tasks import TASKS
@@ -312,6 +371,21 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--address", default=None, help="Ray cluster to join (default: start a local Ray instance)")
     p.add_argument("--limit", type=_count(1), default=None, help="at most N items per task (a quick reduced study)")
     p.set_defaults(fn=_cmd_study)
+
+    p = add("prune", "remove the heads a calibration finds most often inactive; measure size, speed and accuracy")
+    p.add_argument("--run-dir", type=Path, required=True, help="a calibrated run directory")
+    p.add_argument("--score", required=True, help="score function ranking the heads (e.g. ahon_ln)")
+    p.add_argument("--fraction", type=float, required=True, help="fraction of all heads to remove, e.g. 0.1")
+    p.add_argument("-o", "--out", type=Path, required=True, help="new directory for the pruned model")
+    p.add_argument("--model", default=None, help="default: the model the run records")
+    p.add_argument("--limit", type=_count(1), default=None, help="evaluate N items (default: the run's items)")
+    p.add_argument("--data-dir", default=None, help="benchmark files (default: $INACTIVE_HEADS_DATA)")
+    p.add_argument("--batch-size", type=_count(1), default=8)
+    p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"))
+    p.add_argument("--device-map", default=None, help="e.g. auto or cuda:0 (passed to from_pretrained)")
+    p.add_argument("--prefill-tokens", type=_count(1), default=512, help="prompt length of the speed measurement")
+    p.add_argument("--repeats", type=_count(1), default=3)
+    p.set_defaults(fn=_cmd_prune)
 
     p = add("list", "registered score functions and tasks")
     p.set_defaults(fn=_cmd_list)

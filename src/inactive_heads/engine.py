@@ -27,14 +27,14 @@ from typing import Any
 import torch
 from transformers import PreTrainedModel
 
-from . import _compat
+from . import _compat, _layout
 from ._tensors import inverse_permutation, pad_right
 from .attention import attention_with_stats
 from .scores import RAW_STATS, SCORE_FUNCTIONS, HeadScores, LayerStats, ScoreSpec
 
 __all__ = ["Policy", "Watch", "record_scores", "watch", "zero_heads"]
 
-_IMPLEMENTATION = "inactive_heads"
+IMPLEMENTATION = "inactive_heads"  # the name of the registered attention function
 _OUTPUT_PROJECTIONS = ("o_proj", "c_proj", "out_proj", "dense", "wo")
 _SESSIONS: dict[int, _Session] = {}  # id(attention module) -> the watch it belongs to
 
@@ -113,9 +113,17 @@ def _attention(
     scale = query.shape[-1] ** -0.5 if scaling is None else float(scaling)
     softcap = kwargs.get("softcap")
     causal = bool(is_causal if is_causal is not None else getattr(module, "is_causal", True))
-    if session is None:  # the model was left on this implementation outside a watch: plain attention
+    if session is None:  # outside a watch (a pruned model, or one left on this implementation): plain attention
         out, _, _ = attention_with_stats(
-            query, key, value, attention_mask, scale=scale, needs=frozenset(), softcap=softcap, is_causal=causal
+            query,
+            key,
+            value,
+            attention_mask,
+            scale=scale,
+            needs=frozenset(),
+            softcap=softcap,
+            is_causal=causal,
+            kv_index=_layout.kv_index(module),
         )
         return out.to(query.dtype).transpose(1, 2).contiguous(), None
     return session.attend(module, query, key, value, attention_mask, scale, softcap, causal), None
@@ -158,12 +166,25 @@ def _to_cpu(tensors: Sequence[torch.Tensor | None]) -> list[torch.Tensor]:
 
 
 class _Session:
-    """State of one :func:`watch` block: per-layer buffers of the current forward, and finished forwards."""
+    """State of one :func:`watch` block: per-layer buffers of the current forward, and finished forwards.
 
-    def __init__(self, layers: dict[int, int], n_heads: int, policy: Policy | None, record: bool, seed: int):
+    On a pruned model every per-head tensor it hands out is in the original head indexing: ``kept[layer]`` names the
+    heads a layer still has, recorded scores of removed heads are NaN and removed heads are never zeroed.
+    """
+
+    def __init__(
+        self,
+        layers: dict[int, int],
+        n_heads: int,
+        policy: Policy | None,
+        record: bool,
+        seed: int,
+        kept: list[torch.Tensor | None] | None = None,
+    ):
         self.layers = layers  # id(attention module) -> layer index
         self.n_layers = len(layers)
         self.n_heads = n_heads
+        self.kept = kept if kept is not None else [None] * self.n_layers  # per layer: original heads left, or all
         self.policy = policy
         self.record = record
         self.seed = seed
@@ -199,15 +220,27 @@ class _Session:
         if layer in self._step:  # a layer seen twice means a new forward started
             self.flush()
         batch = query.shape[0]
-        if query.shape[1] != self.n_heads:
-            raise ValueError(f"layer {layer} has {query.shape[1]} query heads, expected {self.n_heads}")
+        kept = self.kept[layer]
+        expected = self.n_heads if kept is None else len(kept)
+        if query.shape[1] != expected:
+            raise ValueError(f"layer {layer} has {query.shape[1]} query heads, expected {expected}")
         needs = self.needs - {"random"}
         gram = self._gram(module, query.shape[1], value.shape[-1], value.device) if "fhon" in needs else None
         out, stats, rows = attention_with_stats(
-            query, key, value, mask, scale=scale, needs=needs, softcap=softcap, gram=gram, is_causal=is_causal
+            query,
+            key,
+            value,
+            mask,
+            scale=scale,
+            needs=needs,
+            softcap=softcap,
+            gram=gram,
+            is_causal=is_causal,
+            kv_index=_layout.kv_index(module),
         )
         if "random" in self.needs:
-            stats.random = self._random(layer, batch).to(out.device)
+            draws = self._random(layer, batch)  # drawn for every original head: a head's draw survives pruning
+            stats.random = (draws if kept is None else draws[:, kept.cpu()]).to(out.device)
         computed, finite = _finite_flags(stats, rows.real_q.any(1))
 
         zero = None
@@ -217,6 +250,8 @@ class _Session:
                 if static.dim() == 3 and static.shape[0] != batch:
                     raise ValueError(f"a per-row mask for {static.shape[0]} rows applied to a forward of {batch} rows")
                 zero = static[layer].expand(batch, -1) if static.dim() == 2 else static[:, layer]
+                if kept is not None:  # the mask is in the original head indexing
+                    zero = zero[:, kept.to(zero.device)]
             else:
                 assert self.policy.score is not None and self.policy.threshold is not None  # see Policy
                 spec = SCORE_FUNCTIONS[self.policy.score]
@@ -226,6 +261,9 @@ class _Session:
         # Score functions run once over all rows and layers when the scores are read (HeadScores.derive), not
         # per layer: 16 small calls per layer were a third of the recording overhead on short inputs.
         raw = torch.stack([getattr(stats, n) for n in RAW_STATS]) if self.record else None
+        if kept is not None:  # back to the original head indexing: removed heads score NaN and are never zeroed
+            raw = None if raw is None else _scatter_heads(raw, kept, self.n_heads, math.nan)
+            zero = None if zero is None else _scatter_heads(zero, kept, self.n_heads, False)
         self._step[layer] = _LayerStep(raw, zero, finite, computed, query.dtype)
         last = len(self._step) == self.n_layers
         if last:
@@ -233,7 +271,7 @@ class _Session:
         result = out.to(query.dtype).transpose(1, 2).contiguous()
         del out, stats, rows
         if last and query.device.type == "cpu":
-            _release_freed_memory()
+            release_freed_memory()
         return result
 
     def flush(self) -> None:
@@ -308,9 +346,29 @@ class _Session:
             shape = (0, self.n_layers, self.n_heads)
             return HeadScores({n: torch.zeros(shape) for n in SCORE_FUNCTIONS})
         raw = torch.cat(self._raw, 1)
+        if any(k is not None for k in self.kept):
+            return self._pruned_scores(raw)
         # Every raw statistic is also the score of the same name; derive computes the others from them.
         derived = HeadScores(dict(zip(RAW_STATS, raw, strict=True))).derive(SCORE_FUNCTIONS)
         return HeadScores({n: derived[n] for n in SCORE_FUNCTIONS})
+
+    def _pruned_scores(self, raw: torch.Tensor) -> HeadScores:
+        # Layer-normalised scores average over the heads a layer has: derive per layer over its remaining heads.
+        out = {n: torch.full((raw.shape[1], self.n_layers, self.n_heads), math.nan) for n in SCORE_FUNCTIONS}
+        for layer, kept in enumerate(self.kept):
+            heads = torch.arange(self.n_heads) if kept is None else kept.cpu()
+            layer_raw = raw[:, :, layer][:, :, heads][:, :, None]  # [stats, rows, 1, kept]
+            derived = HeadScores(dict(zip(RAW_STATS, layer_raw, strict=True))).derive(SCORE_FUNCTIONS)
+            for name in SCORE_FUNCTIONS:
+                out[name][:, layer, heads] = derived[name][:, 0]
+        return HeadScores(out)
+
+
+def _scatter_heads(x: torch.Tensor, kept: torch.Tensor, n_heads: int, fill: float | bool) -> torch.Tensor:
+    """``x [..., H_kept]`` placed at the original heads ``kept`` of ``[..., n_heads]``; ``fill`` elsewhere."""
+    full = torch.full((*x.shape[:-1], n_heads), fill, dtype=x.dtype, device=x.device)
+    full[..., kept.to(x.device)] = x
+    return full
 
 
 def non_finite_hint(dtype: torch.dtype) -> str:
@@ -332,7 +390,8 @@ def _load_malloc_trim():
 _MALLOC_TRIM = _load_malloc_trim()
 
 
-def _release_freed_memory() -> None:
+def release_freed_memory() -> None:
+    """Return heap pages that freed tensors left behind to the operating system (glibc; a no-op elsewhere)."""
     # The statistics' temporaries (a few MB each) come from glibc's heap, where the small recorded tensors kept
     # between them pin freed pages. Measured on SmolLM2 at S=2048: peak RSS 1.36x a plain forward without this,
     # 1.03x when trimmed once per forward (after its last attention layer, before the LM head's large logits);
@@ -354,8 +413,15 @@ def _output_projection(module: torch.nn.Module, in_features: int) -> torch.Tenso
     )
 
 
-def _attention_modules(model: torch.nn.Module) -> dict[int, int]:
-    layers: dict[int, int] = {}
+def in_watch(model: torch.nn.Module) -> bool:
+    """Whether ``model`` is inside a :func:`watch` block now."""
+    return any(id(m) in _SESSIONS for m in attention_modules(model))
+
+
+def attention_modules(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """The attention module of each layer of ``model``, in layer order; ValueError when they cannot be identified."""
+    layers: dict[int, torch.nn.Module] = {}
+    found: list[int] = []
     for module in model.modules():
         idx = getattr(module, "layer_idx", None)
         if (
@@ -363,13 +429,14 @@ def _attention_modules(model: torch.nn.Module) -> dict[int, int]:
             and hasattr(module, "config")
             and any(hasattr(module, p) for p in (*_OUTPUT_PROJECTIONS, "q_proj", "c_attn", "qkv_proj"))
         ):
-            layers[id(module)] = idx
-    if sorted(layers.values()) != list(range(len(layers))) or not layers:
+            layers[idx] = module
+            found.append(idx)
+    if sorted(found) != list(range(len(found))) or not found:
         raise ValueError(
             f"{type(model).__name__}: could not identify one attention module per layer (found layer indices "
-            f"{sorted(layers.values())}); inactive-heads supports transformers models built on AttentionInterface"
+            f"{sorted(found)}); inactive-heads supports transformers models built on AttentionInterface"
         )
-    return layers
+    return [layers[i] for i in range(len(found))]
 
 
 class Watch:
@@ -416,11 +483,13 @@ def watch(model: PreTrainedModel, policy: Policy | None = None, *, record: bool 
         )
     if model.training:
         raise ValueError("model is in training mode (dropout would randomise scores); call model.eval() first")
-    layers = _attention_modules(model)
+    modules = attention_modules(model)
+    layers = {id(m): i for i, m in enumerate(modules)}
     if any(i in _SESSIONS for i in layers):
         raise RuntimeError("this model is already inside a watch/zero_heads block; nesting is not supported")
-    session = _Session(layers, _compat.model_shape(model)[1], policy, record, policy.seed if policy else 0)
-    with _compat.set_attn_implementation(model, _IMPLEMENTATION):
+    kept = [_layout.query_heads(m) for m in modules]
+    session = _Session(layers, _compat.model_shape(model)[1], policy, record, policy.seed if policy else 0, kept)
+    with _compat.set_attn_implementation(model, IMPLEMENTATION):
         try:
             _SESSIONS.update(dict.fromkeys(layers, session))
             yield Watch(session)
@@ -482,4 +551,4 @@ def record_scores(
     return result
 
 
-_compat.register_attention(_IMPLEMENTATION, _attention)
+_compat.register_attention(IMPLEMENTATION, _attention)

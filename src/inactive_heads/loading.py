@@ -13,7 +13,7 @@ from urllib.parse import urlparse
 import torch
 import transformers
 
-from . import _compat
+from . import _compat, _layout, pruning
 
 __all__ = ["cache_dir", "file_sha256", "load_model"]
 
@@ -43,6 +43,8 @@ def load_model(
 
     A GGUF file is de-quantised on first use and cached as safetensors under :func:`cache_dir`, keyed by the file's
     sha256, so later loads take seconds. ``model.inactive_heads_source`` records what was loaded (for run metadata).
+    A directory written by :func:`inactive_heads.save_pruned` loads as the pruned model (plain transformers cannot
+    load it: its layers have their own head counts and uneven query groups).
     """
     path = Path(spec)
     source: str | Path
@@ -67,14 +69,27 @@ def load_model(
     offline = identity["format"] == "hub" and not _hub_reachable()
     config = _config(source, offline)
     _check_decoder(spec, config)
-    model_cls = transformers.AutoModelForCausalLM
-    model = model_cls.from_pretrained(source, dtype=dtype, device_map=device_map, local_files_only=offline)
+    if _layout.removed_heads(config) is not None:
+        model = _load_pruned(Path(source), config, dtype, device_map)
+    else:
+        model_cls = transformers.AutoModelForCausalLM
+        model = model_cls.from_pretrained(source, dtype=dtype, device_map=device_map, local_files_only=offline)
     tokenizer = transformers.AutoTokenizer.from_pretrained(source, local_files_only=offline)
     if identity["format"] == "hub":
         identity["revision"] = _compat.commit_hash(model)
     # torch's stub types Module.__setattr__ for tensors and modules only; plain attributes are fine at run time.
     model.inactive_heads_source = identity  # type: ignore[assignment]
     return model.eval(), tokenizer
+
+
+def _load_pruned(
+    source: Path, config: transformers.PretrainedConfig, dtype: torch.dtype, device_map: str | dict | None
+) -> transformers.PreTrainedModel:
+    if device_map is not None and not (isinstance(device_map, str) and device_map != "auto"):
+        raise NotImplementedError("a pruned model loads onto one device: pass device_map='cpu', 'cuda:0', ... or None")
+    model = pruning.load_pruned(source, config, dtype)
+    # PreTrainedModel.to's stub is wrapped for dtype checks; Module.to moves it the same.
+    return model if device_map is None else torch.nn.Module.to(model, device_map)
 
 
 def _hub_reachable(timeout: float = 3.0) -> bool:

@@ -167,6 +167,10 @@ def _run_section(
     best = _best_cell(run, rows)
     if best is not None:
         doc.img(png(head_heatmap(run, *best)), f"heads_{tag}.png", f"zeroed heads, {run.name}")
+        doc.p(
+            "Heads zeroed on nearly every row are candidates for removal: `inactive-heads prune --run-dir` ranks "
+            "heads by these frequencies (`ih.static_mask`) and removes them from the model."
+        )
     ci = [] if boot is None else [f"Δ {100 * boot.level:g}% interval"]
     doc.p("Every cell of the sweep (accuracy and Δ in points; mean log-likelihood of the correct choice):")
     doc.table(

@@ -30,6 +30,7 @@ import numpy as np
 import torch
 
 from . import _compat
+from ._layout import removed_heads
 from .analysis import TABLE2_TOLERANCE, Curve, table2, zero_frequency
 from .scores import SCORE_FUNCTIONS, HeadScores
 from .store import ResultStore, atomic_write_json, canonical_json, package_version
@@ -66,19 +67,25 @@ _REPORTED_FIELDS = ("score", "accuracy", "fraction_zeroed")
 
 def model_identity(model: torch.nn.Module) -> dict[str, Any]:
     """What identifies the model's weights: the loader's source record when present, plus class, dtype and a
-    fingerprint of a few thousand weights (cheap, and tells apart models that share a name but not weights)."""
+    fingerprint of a few thousand weights (cheap, and tells apart models that share a name but not weights); for a
+    pruned model also its removed heads."""
     source = getattr(model, "inactive_heads_source", None)
     params = list(model.parameters())
     digest = hashlib.sha256()
     for p in (params[0], params[len(params) // 2], params[-1]) if params else ():
         digest.update(p.detach().reshape(-1)[:4096].to("cpu", torch.float32).numpy().tobytes())
-    return {
+    identity: dict[str, Any] = {
         "source": dict(source) if isinstance(source, dict) else None,
         "name_or_path": _compat.name_or_path(model),
         "class": type(model).__name__,
         "dtype": str(params[0].dtype) if params else "",
         "weights_sample_sha256": digest.hexdigest()[:16],
     }
+    # A model pruned in memory keeps its source and may keep every sampled weight: name the removed heads.
+    removed = removed_heads(model.config) if hasattr(model, "config") else None
+    if removed is not None:
+        identity["pruned_heads"] = removed
+    return identity
 
 
 def display_name(identity: dict[str, Any]) -> str:

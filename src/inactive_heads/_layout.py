@@ -1,0 +1,66 @@
+"""Which of its original heads a pruned attention module still has: the record pruning writes and the engine reads.
+
+:func:`inactive_heads.pruning.prune_heads` sets two non-persistent buffers on every attention module it shrinks (they
+follow ``.to(device)`` and stay out of the state dict):
+
+* ``inactive_heads_query_heads``: long ``[H_kept]``, the original indices of the remaining query heads, ascending;
+* ``inactive_heads_kv_index``: long ``[H_kept]``, for each remaining query head the position, among the module's
+  remaining key/value heads, of the one it reads; nondecreasing, as a KV head's query heads stay consecutive.
+  Groups may be uneven, so attention maps query heads to KV heads by this index instead of by equal groups.
+
+A module without them has every original head, in equal groups. The model's (text) config records the removed heads
+per layer under ``inactive_heads_pruned_heads``, so a saved checkpoint says how to rebuild the pruned shapes.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+__all__: list[str] = []  # internal module
+
+_QUERY_HEADS = "inactive_heads_query_heads"
+_KV_INDEX = "inactive_heads_kv_index"
+_CONFIG_KEY = "inactive_heads_pruned_heads"
+
+
+def query_heads(module: torch.nn.Module) -> torch.Tensor | None:
+    """Original indices of the query heads ``module`` still has (long, ascending); None when it has all of them."""
+    heads = getattr(module, _QUERY_HEADS, None)
+    return heads if isinstance(heads, torch.Tensor) else None
+
+
+def kv_index(module: torch.nn.Module) -> torch.Tensor | None:
+    """For each remaining query head of ``module``, the position of its KV head among the remaining ones; None when
+    the module is unpruned (equal groups)."""
+    index = getattr(module, _KV_INDEX, None)
+    return index if isinstance(index, torch.Tensor) else None
+
+
+def set_layout(module: torch.nn.Module, query_heads: torch.Tensor, kv_index: torch.Tensor) -> None:
+    """Record that ``module`` keeps original query heads ``query_heads``, reading KV heads ``kv_index``."""
+    if query_heads.shape != kv_index.shape or query_heads.dim() != 1:
+        raise ValueError(
+            f"query_heads {tuple(query_heads.shape)} and kv_index {tuple(kv_index.shape)} must be [H_kept]"
+        )
+    if bool((kv_index.diff() < 0).any()):  # attention slices each KV head's query heads as one contiguous block
+        raise ValueError(f"kv_index must be nondecreasing, got {kv_index.tolist()}")
+    device = next((p.device for p in module.parameters()), torch.device("cpu"))
+    module.register_buffer(_QUERY_HEADS, query_heads.to(device, torch.long), persistent=False)
+    module.register_buffer(_KV_INDEX, kv_index.to(device, torch.long), persistent=False)
+
+
+def _text_config(config: Any) -> Any:
+    return config.get_text_config() if hasattr(config, "get_text_config") else config
+
+
+def removed_heads(config: Any) -> list[list[int]] | None:
+    """The removed query heads per layer (original indices) a model config records; None for an unpruned model."""
+    removed = getattr(_text_config(config), _CONFIG_KEY, None)
+    return removed if isinstance(removed, list) else None
+
+
+def record_removed(config: Any, removed: list[list[int]]) -> None:
+    """Record in ``config`` (saved with the model) the removed query heads per layer."""
+    setattr(_text_config(config), _CONFIG_KEY, removed)
