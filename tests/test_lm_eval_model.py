@@ -16,12 +16,12 @@ import torch
 
 pytest.importorskip("lm_eval", reason="lm_eval not installed (group parity)")
 
+import lm_eval
 from _lm_eval import _dump  # also keeps datasets and the hub offline
 from _tiny import tiny_model, tiny_tokenizer
 from lm_eval.models.huggingface import HFLM
 from lm_eval.tasks import TaskManager
 
-import inactive_heads
 from inactive_heads import record_scores, zero_heads
 from inactive_heads.cli import main
 from inactive_heads.lm_eval_model import InactiveHeadsLM, simple_evaluate
@@ -262,7 +262,7 @@ def test_cli_runs_lm_eval_with_zeroing_end_to_end(model_dir, tasks_dir, tmp_path
         ]
     )
     assert status == 0 and sys.argv is argv
-    assert not hasattr(inactive_heads, "simple_evaluate")
+    assert "simple_evaluate" not in vars(lm_eval)  # lm-eval's own, lazily imported, again
     (written,) = out.rglob("results_*.json")
     results = json.loads(written.read_text())
     summary = results["inactive_heads"]
@@ -283,3 +283,11 @@ def test_cli_without_lm_eval_names_the_install(monkeypatch, capsys):
     monkeypatch.delattr(package, "lm_eval_model")
     assert main(["lm-eval", "--model", "inactive_heads", "--tasks", "x"]) == 2
     assert "pip install 'inactive-heads[lm-eval]'" in capsys.readouterr().err
+
+
+def test_cli_hands_lm_eval_every_argument_after_its_own_plugins():
+    from inactive_heads.cli import _lm_eval_args
+
+    args = _lm_eval_args(["--plugin", "a.py", "--plugin=b", "--model", "hf", "--plugin", "c.py", "-h"])
+    assert args.plugin == ["a.py", "b"]
+    assert args.lm_eval_args == ["--model", "hf", "--plugin", "c.py", "-h"]

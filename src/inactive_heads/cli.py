@@ -266,15 +266,15 @@ def _cmd_lm_eval(args: argparse.Namespace) -> None:
     # swapped only for this call, so its options, output files and printed table stay lm-eval's own.
     saved_argv, saved = sys.argv, vars(lm_eval).get("simple_evaluate")
     sys.argv = ["lm-eval", *args.lm_eval_args]
-    lm_eval.simple_evaluate = evaluate  # type: ignore[attr-defined]
+    lm_eval.simple_evaluate = evaluate
     try:
         lm_eval.__main__.cli_evaluate()
     finally:
         sys.argv = saved_argv
         if saved is None:
-            del lm_eval.simple_evaluate  # type: ignore[attr-defined]
+            del lm_eval.simple_evaluate
         else:
-            lm_eval.simple_evaluate = saved  # type: ignore[attr-defined]
+            lm_eval.simple_evaluate = saved
     for s in summaries:
         target = "" if s["target"] is None else f", target {s['target']:g}"
         policy = f"{s['score']} threshold {s['threshold']:.6g}{target}, {s['mode']}" if s["score"] else "baseline"

@@ -48,7 +48,7 @@ class InactiveHeadsLM(HFLM):
     """HFLM whose forwards zero heads by ``score`` and ``threshold`` (or ``target`` with ``calibration``).
 
     ``target``: fraction of heads to zero; the threshold comes from the pooled scores of ``calibration``, a run
-    directory written by ``inactive-heads calibrate`` (as a sweep's cells do). ``mode``: see :data:`MODES`.
+    directory written by ``inactive-heads calibrate``, as a sweep takes it. ``mode``: see :data:`MODES`.
     ``seed``: of the ``random`` score. Every other argument is HFLM's.
     """
 
@@ -255,7 +255,9 @@ def _check_options(
     if isinstance(seed, bool) or not isinstance(seed, int):
         raise ValueError(f"seed must be a whole number, got {seed!r}")
     if score is None:
-        given = [n for n, v in (("threshold", threshold), ("target", target), ("calibration", calibration)) if v]
+        given = [
+            n for n, v in (("threshold", threshold), ("target", target), ("calibration", calibration)) if v is not None
+        ]
         if given or mode != "dynamic":
             raise ValueError(f"{', '.join(given) or 'mode'}= needs score= (a name from inactive-heads list)")
     elif score not in SCORE_FUNCTIONS:
