@@ -1,4 +1,4 @@
-"""The ``inactive-heads`` command: calibrate, sweep, report, compare, study, prune, demo, list.
+"""The ``inactive-heads`` command: calibrate, sweep, report, compare, study, prune, demo, list, lm-eval.
 
 Every subcommand is a thin layer over the library (:func:`inactive_heads.sweep`, :func:`inactive_heads.write_report`,
 ...). User errors (bad paths, unknown tasks or scores, malformed data) print one line and exit with status 2;
@@ -286,6 +286,64 @@ def _cmd_demo(args: argparse.Namespace) -> None:
     print(f"report: {html.resolve()}\n        {md.resolve()}")
 
 
+def _lm_eval_args(argv: list[str]) -> argparse.Namespace:
+    """``lm-eval`` takes its own command line whole (``--help`` included); only leading ``--plugin F`` are ours."""
+    plugins = []
+    while argv and (argv[0] == "--plugin" or argv[0].startswith("--plugin=")):
+        if argv[0] == "--plugin":
+            if len(argv) < 2:
+                _parser().parse_args(["lm-eval", "--plugin"])  # argparse's own message and exit status
+            plugins.append(argv[1])
+            argv = argv[2:]
+        else:
+            plugins.append(argv[0].removeprefix("--plugin="))
+            argv = argv[1:]
+    return argparse.Namespace(command="lm-eval", plugin=plugins, lm_eval_args=argv, fn=_cmd_lm_eval)
+
+
+def _cmd_lm_eval(args: argparse.Namespace) -> None:
+    try:
+        from . import lm_eval_model
+    except ModuleNotFoundError as e:
+        if (e.name or "").split(".")[0] != "lm_eval":
+            raise
+        raise ValueError(
+            "inactive-heads lm-eval needs lm-eval: pip install 'inactive-heads[lm-eval]' (lm_eval==0.4.13)"
+        ) from None
+    import lm_eval
+    import lm_eval.__main__
+
+    summaries: list[dict[str, Any]] = []
+
+    def evaluate(*a: Any, **kw: Any) -> dict[str, Any] | None:
+        results = lm_eval_model.simple_evaluate(*a, **kw)
+        if results is not None and "inactive_heads" in results:
+            summaries.append(results["inactive_heads"])
+        return results
+
+    # lm-eval's command line imports simple_evaluate from the package when it runs and reads sys.argv: both are
+    # swapped only for this call, so its options, output files and printed table stay lm-eval's own.
+    saved_argv, saved = sys.argv, vars(lm_eval).get("simple_evaluate")
+    sys.argv = ["lm-eval", *args.lm_eval_args]
+    lm_eval.simple_evaluate = evaluate
+    try:
+        lm_eval.__main__.cli_evaluate()
+    finally:
+        sys.argv = saved_argv
+        if saved is None:
+            del lm_eval.simple_evaluate
+        else:
+            lm_eval.simple_evaluate = saved
+    for s in summaries:
+        target = "" if s["target"] is None else f", target {s['target']:g}"
+        policy = f"{s['score']} threshold {s['threshold']:.6g}{target}, {s['mode']}" if s["score"] else "baseline"
+        layers = " ".join(f"{100 * f:.1f}" for f in s["fraction_zeroed_per_layer"])
+        print(
+            f"inactive-heads ({policy}): {100 * s['fraction_zeroed']:.2f}% of heads zeroed over {s['rows']} "
+            f"forward rows; per layer (%): {layers}"
+        )
+
+
 def _add_run_options(p: argparse.ArgumentParser, *, model_required: bool = True, task: str | None = None) -> None:
     p.add_argument("--model", required=model_required, help="hub id, local model directory or .gguf file")
     p.add_argument("--task", required=task is None, default=task, help="registered task (see `inactive-heads list`)")
@@ -390,6 +448,13 @@ def _parser() -> argparse.ArgumentParser:
     p = add("list", "registered score functions and tasks")
     p.set_defaults(fn=_cmd_list)
 
+    sub.add_parser(
+        "lm-eval",
+        help="lm-eval's command line with --model inactive_heads: any lm-eval task with heads zeroed "
+        "(--model_args pretrained=M,score=S,threshold=T or target=P,calibration=RUN_DIR)",
+        add_help=False,  # main() hands every argument to lm-eval, --help included
+    )
+
     p = add("demo", "calibrate -> sweep -> report on SmolLM2-135M-Instruct and the recall task")
     _add_run_options(p, model_required=False, task="recall")
     _add_sweep_options(p, ",".join(_DEMO_SCORES), _DEMO_TARGETS)
@@ -400,7 +465,8 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of ``inactive-heads``; returns the exit status."""
-    args = _parser().parse_args(argv)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = _lm_eval_args(argv[1:]) if argv[:1] == ["lm-eval"] else _parser().parse_args(argv)
     try:
         load_plugins(args.plugin)
         args.fn(args)
