@@ -7,7 +7,8 @@ import pytest
 import torch
 from _tiny import tiny_model, tiny_tokenizer
 
-from inactive_heads import Policy, record_scores, watch
+from inactive_heads import SCORE_FUNCTIONS, Policy, RunningStats, record_scores, watch
+from inactive_heads._compat import cache_kwarg, output_cache
 from inactive_heads.evaluation import EvalConfig, evaluate
 from inactive_heads.evaluation.generative import _exact_match, _extract
 from inactive_heads.generation import cascade, generate_until
@@ -92,7 +93,48 @@ def test_prompt_mode_equals_a_naive_loop_with_the_prompts_decision_fixed(model, 
     assert 0 < got.kv_bytes_droppable < got.kv_bytes
 
 
-@pytest.mark.parametrize("mode", ["step", "recompute", "prompt"])
+@pytest.mark.parametrize("arch", ["llama", "gemma2", "gpt2"])
+def test_running_scores_equal_one_uncached_forward_over_the_whole_sequence(arch, tok):
+    """Without zeroing, every score a cached step sees in running mode is the score of the sequence so far."""
+    model = tiny_model(arch, seed=4)
+    rows = [tok(t)["input_ids"] for t in PROMPTS]
+    extra = [[40, 41, 42], [50, 51, 52], [60, 61, 62]]  # three decoded tokens per row
+    width = max(map(len, rows))
+    ids = torch.tensor([[0] * (width - len(r)) + r for r in rows])  # left-padded, as generation pads
+    mask = (torch.arange(width)[None] >= torch.tensor([width - len(r) for r in rows])[:, None]).long()
+    running = RunningStats()
+    with torch.no_grad():
+        with watch(model, record=True, running=running):
+            out = model(input_ids=ids, attention_mask=mask, position_ids=(mask.cumsum(-1) - 1).clamp(min=0))
+        past = output_cache(out)
+        for k in range(3):
+            mask = torch.cat([mask, torch.ones(len(rows), 1, dtype=torch.long)], 1)
+            new = torch.tensor([[e[k]] for e in extra])
+            with watch(model, record=True, running=running) as w:
+                out = model(input_ids=new, attention_mask=mask, position_ids=mask.sum(-1, keepdim=True) - 1,
+                            use_cache=True, **{cache_kwarg(model): past})  # fmt: skip
+            past = output_cache(out)
+            whole = record_scores(model, None, [r + e[: k + 1] for r, e in zip(rows, extra, strict=True)], 1)
+            for name in SCORE_FUNCTIONS:
+                if name != "random":
+                    torch.testing.assert_close(w.scores[name], whole[name], rtol=1e-4, atol=1e-5, msg=name)
+
+
+def test_running_mode_decides_on_the_running_scores(model, tok):
+    """Each step's zeroing under running mode is the policy applied to the scores recorded with the same means."""
+    policy = Policy(score="ahon_ln", threshold=float(record_scores(model, tok, PROMPTS)["ahon_ln"].median()))
+    got = generate_until(model, tok, _ids(tok), until=["\x00never"], max_gen_toks=4, batch_size=3, policy=policy,
+                         mode="running")  # fmt: skip
+    step = generate_until(model, tok, _ids(tok), until=["\x00never"], max_gen_toks=4, batch_size=3, policy=policy,
+                          mode="step")  # fmt: skip
+    assert got.mode == "running" and got.zeroed is not None and got.zeroed.any()
+    assert got.forwards == step.forwards and got.zeroed.shape == step.zeroed.shape
+    prompt_rows = len(PROMPTS)  # the prompt's pass is the same in both modes; later steps see different statistics
+    assert torch.equal(got.zeroed[:prompt_rows], step.zeroed[:prompt_rows])
+    assert not torch.equal(got.zeroed[prompt_rows:], step.zeroed[prompt_rows:])
+
+
+@pytest.mark.parametrize("mode", ["step", "recompute", "running", "prompt"])
 def test_rows_are_independent_of_batching(model, tok, mode):
     ids = _ids(tok)
     alone = [generate_until(model, tok, [p], until=["\x00"], max_gen_toks=6, policy=POLICY, mode=mode) for p in ids]
@@ -127,7 +169,7 @@ def _task() -> Task:
     return Task(name="toy_gen", items=items, default_shots=1, fewshot={"": items[:2]}, generation=GSM8K_GENERATION)
 
 
-@pytest.mark.parametrize("mode", ["step", "recompute", "prompt"])
+@pytest.mark.parametrize("mode", ["step", "recompute", "running", "prompt"])
 def test_evaluate_on_a_generative_task(model, tok, mode):
     res = evaluate(model, tok, _task(), max_gen_toks=5, batch_size=2, generation_mode=mode, policy=POLICY)
     assert res.n_items == 4 and len(res.generations) == 4
@@ -144,7 +186,7 @@ def test_generation_options_leave_existing_identities_alone():
     assert EvalConfig(generation_mode="recompute").identity()["generation_mode"] == "recompute"
     assert EvalConfig(max_gen_toks=16).identity()["max_gen_toks"] == 16
     with pytest.raises(ValueError, match="generation_mode"):
-        EvalConfig(generation_mode="running")
+        EvalConfig(generation_mode="cached")
 
 
 @pytest.mark.parametrize("mode", ["step", "recompute"])

@@ -4,7 +4,7 @@ from . import analysis
 from ._sweep import calibrate, sweep
 from ._version import __version__
 from .compare import compare_runs
-from .engine import Policy, Watch, record_scores, watch, zero_heads
+from .engine import Policy, RunningStats, Watch, record_scores, watch, zero_heads
 from .evaluation import EvalConfig, EvalResult, evaluate
 from .executors import EXECUTORS, Executor, register_executor
 from .loading import load_model
@@ -28,6 +28,7 @@ __all__ = [
     "HeadScores",
     "LayerStats",
     "Policy",
+    "RunningStats",
     "Study",
     "StudyResult",
     "Watch",

@@ -345,6 +345,8 @@ def _cmd_lm_eval(args: argparse.Namespace) -> None:
 
 
 def _add_run_options(p: argparse.ArgumentParser, *, model_required: bool = True, task: str | None = None) -> None:
+    from .generation import MODES
+
     p.add_argument("--model", required=model_required, help="hub id, local model directory or .gguf file")
     p.add_argument("--task", required=task is None, default=task, help="registered task (see `inactive-heads list`)")
     p.add_argument(
@@ -371,9 +373,10 @@ def _add_run_options(p: argparse.ArgumentParser, *, model_required: bool = True,
     p.add_argument(
         "--generation-mode",
         default="step",
-        choices=("recompute", "step", "prompt"),
+        choices=MODES,
         help="generative tasks: what a zeroing decision sees while decoding (recompute: the whole sequence, "
-        "no KV cache; step: the new token's query, with a KV cache; prompt: the prompt, decided once)",
+        "no KV cache; step: the new token's query, with a KV cache; running: running means over every position "
+        "so far, with a KV cache; prompt: the prompt, decided once)",
     )
     p.add_argument("--max-gen-toks", type=_count(1), default=None, help="generative tasks: cap on new tokens")
 

@@ -32,7 +32,7 @@ from ._tensors import inverse_permutation, pad_right
 from .attention import attention_with_stats
 from .scores import RAW_STATS, SCORE_FUNCTIONS, HeadScores, LayerStats, ScoreSpec
 
-__all__ = ["Policy", "Watch", "record_scores", "watch", "zero_heads"]
+__all__ = ["Policy", "RunningStats", "Watch", "record_scores", "watch", "zero_heads"]
 
 IMPLEMENTATION = "inactive_heads"  # the name of the registered attention function
 _OUTPUT_PROJECTIONS = ("o_proj", "c_proj", "out_proj", "dense", "wo")
@@ -165,6 +165,47 @@ def _to_cpu(tensors: Sequence[torch.Tensor | None]) -> list[torch.Tensor]:
     return [out[i] for i in range(len(tensors))]
 
 
+class RunningStats:
+    """Per-row running means of the query-averaged statistics over successive forwards of one batch: what a zeroing
+    decision sees while decoding with a KV cache in ``running`` mode (``watch(..., running=RunningStats())``, one per
+    batch, its rows in the same order at every step).
+
+    A cached step has only its new queries. The statistics averaged over queries (AWFT, AEQD, AHON, FHON) become the
+    mean over every position so far, each position's value as computed at its own step; the others already cover the
+    sequence (AVVN and FTVVN read every cached key, LTHON is the newest query). So while no head has been zeroed, a
+    step's scores are those of one uncached forward over the whole sequence, every score function exactly. Once heads
+    are zeroed they are not: past positions keep the values, and the hidden states, of the decisions of their step,
+    where the paper's ``recompute`` re-runs them under the newest decision.
+    """
+
+    MEANS = ("awft", "aeqd", "ahon", "fhon")
+
+    def __init__(self) -> None:
+        self._sums: dict[int, dict[str, torch.Tensor]] = {}
+        self._counts: dict[int, torch.Tensor] = {}
+
+    def update(self, layer: int, stats: LayerStats, n_queries: torch.Tensor) -> None:
+        """Fold this forward's ``stats`` of ``layer`` (``n_queries`` [B] real queries per row) into the running sums
+        and replace its query means by the running means, in place."""
+        n = n_queries.to(torch.float32)[:, None]
+        before = self._counts.get(layer)
+        if before is not None and before.shape[0] != n.shape[0]:
+            raise ValueError(
+                f"running statistics of {before.shape[0]} rows applied to a forward of {n.shape[0]} rows; use one "
+                "RunningStats per batch"
+            )
+        total = n if before is None else before + n
+        sums = self._sums.setdefault(layer, {})
+        for name in self.MEANS:
+            value = getattr(stats, name)
+            if value is None:
+                continue
+            running = value * n if name not in sums else sums[name] + value * n
+            sums[name] = running
+            setattr(stats, name, running / total)
+        self._counts[layer] = total
+
+
 class _Session:
     """State of one :func:`watch` block: per-layer buffers of the current forward, and finished forwards.
 
@@ -180,6 +221,7 @@ class _Session:
         record: bool,
         seed: int,
         kept: list[torch.Tensor | None] | None = None,
+        running: RunningStats | None = None,
     ):
         self.layers = layers  # id(attention module) -> layer index
         self.n_layers = len(layers)
@@ -188,6 +230,7 @@ class _Session:
         self.policy = policy
         self.record = record
         self.seed = seed
+        self.running = running
         self.needs = (frozenset(RAW_STATS) if record else frozenset()) | (policy.needs if policy else frozenset())
         self.grams: dict[int, torch.Tensor] = {}
         self.rows_seen = 0
@@ -242,6 +285,8 @@ class _Session:
             draws = self._random(layer, batch)  # drawn for every original head: a head's draw survives pruning
             stats.random = (draws if kept is None else draws[:, kept.cpu()]).to(out.device)
         computed, finite = _finite_flags(stats, rows.real_q.any(1))
+        if self.running is not None:
+            self.running.update(layer, stats, rows.n_q)
 
         zero = None
         if self.policy is not None:
@@ -468,11 +513,18 @@ class Watch:
 
 
 @contextlib.contextmanager
-def watch(model: PreTrainedModel, policy: Policy | None = None, *, record: bool = False) -> Iterator[Watch]:
+def watch(
+    model: PreTrainedModel,
+    policy: Policy | None = None,
+    *,
+    record: bool = False,
+    running: RunningStats | None = None,
+) -> Iterator[Watch]:
     """Within the block, every forward of ``model`` records all scores (``record``) and/or applies ``policy``.
 
     The model's attention implementation is restored on exit. With ``record=True`` under a policy, the scores are
-    those of the intervened forward.
+    those of the intervened forward. ``running``: decide (and record) on running means over this and earlier
+    forwards of the same batch, for decoding with a KV cache (see :class:`RunningStats`).
     """
     if not isinstance(model, PreTrainedModel):
         raise TypeError(f"expected a transformers PreTrainedModel, got {type(model).__name__}")
@@ -488,7 +540,8 @@ def watch(model: PreTrainedModel, policy: Policy | None = None, *, record: bool 
     if any(i in _SESSIONS for i in layers):
         raise RuntimeError("this model is already inside a watch/zero_heads block; nesting is not supported")
     kept = [_layout.query_heads(m) for m in modules]
-    session = _Session(layers, _compat.model_shape(model)[1], policy, record, policy.seed if policy else 0, kept)
+    seed = policy.seed if policy else 0
+    session = _Session(layers, _compat.model_shape(model)[1], policy, record, seed, kept, running)
     with _compat.set_attn_implementation(model, IMPLEMENTATION):
         try:
             _SESSIONS.update(dict.fromkeys(layers, session))

@@ -11,6 +11,9 @@ Under a policy, ``mode`` says what each zeroing decision sees:
   statistics over all real positions of that pass. Quadratic in the generated length.
 - ``"step"``: with a KV cache; the prompt's pass decides on the prompt's positions, every later step on the new
   token's single query (what :func:`~inactive_heads.engine.watch` does under ``model.generate``).
+- ``"running"``: with a KV cache; every step decides on per-row running means over all positions so far
+  (:class:`~inactive_heads.engine.RunningStats`): the paper's statistics without re-running the sequence, exact
+  while no head has been zeroed, and computed from each position's own step after that.
 - ``"prompt"``: with a KV cache; the prompt's pass decides, per row, and those heads stay zeroed for every generated
   token. Their keys and values are then never read again: a KV head whose query heads are all zeroed can leave the
   cache. ``Generated.kv_bytes_droppable`` counts those bytes over the final cache (real positions only) beside
@@ -28,14 +31,14 @@ import torch
 from transformers import PreTrainedModel
 
 from . import _compat
-from .engine import Policy, watch
+from .engine import Policy, RunningStats, watch
 
 __all__ = ["MODES", "Generated", "cascade", "generate_until"]
 
 #: Zeroing modes during generation (see the module docstring).
-MODES = ("recompute", "step", "prompt")
+MODES = ("recompute", "step", "running", "prompt")
 
-Mode = Literal["recompute", "step", "prompt"]
+Mode = Literal["recompute", "step", "running", "prompt"]
 
 
 @dataclass
@@ -174,6 +177,7 @@ class _Batch:
         self.ids, self.mask = ids.to(self.device), mask.to(self.device)
         self.cache_kw = _compat.cache_kwarg(model)
         self.forwards = 0
+        self.running = RunningStats() if mode == "running" else None
         self.zeroed: list[torch.Tensor] = []
         self.kv_bytes = self.kv_bytes_droppable = 0
 
@@ -181,7 +185,7 @@ class _Batch:
         self.forwards += 1
         if policy is None:
             return self.model(**kwargs, logits_to_keep=1)
-        with watch(self.model, policy=policy) as w:
+        with watch(self.model, policy=policy, running=self.running) as w:
             out = self.model(**kwargs, logits_to_keep=1)
         assert w.zeroed is not None
         self.zeroed.append(w.zeroed)

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ..generation import MODES
 from ..tasks import TASKS
 
 if TYPE_CHECKING:
@@ -30,9 +31,9 @@ class EvalConfig:
     each item's context (with the common start of its choices) once, with the rest of every choice packed behind
     it under a tree mask (short items share a row); default (None): on without policy and recording for models
     without sliding-window attention.
-    ``generation_mode``: what a zeroing decision sees while a generative task decodes (``recompute``, ``step`` or
-    ``prompt``, see :mod:`inactive_heads.generation`); ``max_gen_toks``: cap on generated tokens (None: the task's,
-    256 for GSM8K). Both are ignored by log-likelihood tasks.
+    ``generation_mode``: what a zeroing decision sees while a generative task decodes (``recompute``, ``step``,
+    ``running`` or ``prompt``, see :mod:`inactive_heads.generation`); ``max_gen_toks``: cap on generated tokens
+    (None: the task's, 256 for GSM8K). Both are ignored by log-likelihood tasks.
 
     :meth:`identity` is what a cached answer must be keyed by: every field unless its metadata says
     ``identity=False``, so an option added later is part of every key unless declared otherwise. A field at its
@@ -61,8 +62,8 @@ class EvalConfig:
         _check_count("seed", self.seed, None, None)
         _check_count("batch_size", self.batch_size, 1, None)
         _check_count("max_gen_toks", self.max_gen_toks, 1, "the task's")
-        if self.generation_mode not in ("recompute", "step", "prompt"):
-            raise ValueError(f"generation_mode must be recompute, step or prompt, got {self.generation_mode!r}")
+        if self.generation_mode not in MODES:
+            raise ValueError(f"generation_mode must be one of {', '.join(MODES)}, got {self.generation_mode!r}")
         if self.data_dir is not None and not isinstance(self.data_dir, str | os.PathLike):
             raise TypeError(f"data_dir must be a path or None, got {type(self.data_dir).__name__} {self.data_dir!r}")
         sources = sorted({s for spec in TASKS.values() for s in spec.sources})
