@@ -12,6 +12,7 @@ from inactive_heads._compat import cache_kwarg, output_cache
 from inactive_heads.evaluation import EvalConfig, evaluate
 from inactive_heads.evaluation.generative import _exact_match, _extract
 from inactive_heads.generation import cascade, generate_until
+from inactive_heads.rundir import score_label
 from inactive_heads.tasks import Item, Task
 from inactive_heads.tasks.gsm8k import GSM8K_GENERATION
 
@@ -202,6 +203,22 @@ def test_sweep_runs_a_generative_task_and_resumes(model, tok, tmp_path, mode):
     assert run.run["evaluation"].get("generation_mode", "step") == mode
     again = sweep(model, tok, _task(), tmp_path, generation_mode=mode, **kw)
     assert [c["accuracy"] for c in again] == [c["accuracy"] for c in cells]
+    # The cells keep each item's generated tokens: the report's cascade compares them with the baseline's.
+    from inactive_heads import write_report
+    from inactive_heads.runstats import cascade_table
+
+    header, rows = cascade_table([run])
+    base = next(c for c in run.cells if c["score"] is None)["generation"]["generated_tokens"]
+    for row in rows[1:]:
+        cell = next(c for c in run.cells if score_label(c["score"] or "") == row[1] and f"{c['target']:g}" == row[2])
+        found = cascade(base, cell["generation"]["generated_tokens"])
+        assert row[0] == mode and row[header.index("% identical to baseline")] == f"{100 * found['identical']:.0f}"
+    assert [r[1] for r in rows] == ["baseline", "AHON (LN)", "AHON (LN)", "Random", "Random"]
+    for row in rows:
+        if row[header.index("% zeroed")] == "0.0":  # a cell that zeroed nothing generated the baseline's tokens
+            assert row[header.index("% identical to baseline")] == "100"
+    md, _ = write_report([tmp_path], tmp_path / "report")
+    assert "the cascade of zeroing while decoding" in md.read_text()
 
 
 def test_cascade_counts_identical_outputs_and_first_divergences():

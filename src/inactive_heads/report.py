@@ -15,6 +15,7 @@ from .figures import cdf_figure, curves_figure, head_heatmap, png, rank_heatmap
 from .rundir import RunData, RunDir, load_run, score_label, slug
 from .runstats import (
     calibration_label,
+    cascade_table,
     interval_text,
     overlap_figure,
     overlap_table,
@@ -126,6 +127,7 @@ def write_report(run_dirs: Iterable[str | Path], out_dir: str | Path) -> tuple[P
         doc.h(2, f"{run.name} — {run.run.get('task')}")
         _run_section(doc, run, rows, f"{i}_{slug(run.name)}")
 
+    _cascade_section(doc, runs)
     doc.h(2, "Ranks across models")
     _ranks_section(doc, [f"{i}: {r.name}" for i, r in enumerate(runs)], all_rows, "ranks.png")
 
@@ -177,6 +179,25 @@ def _run_section(
         ["score", "target", "threshold", "% zeroed", "accuracy", "Δ", *ci, "mean ll correct", "s"],
         _cell_rows(run, boot),
     )
+
+
+def _cascade_section(doc: Document, runs: Sequence[RunData]) -> None:
+    """Per model and generative task, the cascade of zeroing while decoding, every generation mode together."""
+    groups: dict[tuple[str, str], list[RunData]] = {}
+    for run in runs:
+        groups.setdefault((run.name, str(run.run.get("task"))), []).append(run)
+    tables = [(key, t) for key, group in groups.items() if (t := cascade_table(group)) is not None]
+    if not tables:
+        return
+    doc.h(2, "Generation: the cascade of zeroing while decoding")
+    doc.p(
+        "Exact match (strict-match) per generation mode and cell; % identical: items whose generated tokens equal "
+        "the unintervened run's; first divergence: the first generated token that differs, over the other items; "
+        "tokens/s against the same mode's unintervened generation."
+    )
+    for (name, task), table in tables:
+        doc.h(3, f"{name} — {task}")
+        doc.table(*table)
 
 
 def _ranks_section(
@@ -271,6 +292,7 @@ def write_study_report(
             doc.h(3, f"{run.name} — {label}")
             _run_section(doc, run, rows, f"{t}_{slug(run.name)}", boots[id(run)])
 
+    _cascade_section(doc, loaded)
     _overlap_section(doc, loaded)
     _threshold_section(doc, loaded)
     _protocol_section(doc, loaded, boots)

@@ -174,6 +174,7 @@ _CELL_TYPES = {
     "seconds": _is_number,
     "per_item": lambda v: v is None or isinstance(v, dict),
     "run": lambda v: v is None or isinstance(v, str),
+    "generation": lambda v: v is None or isinstance(v, dict),
 }
 
 
@@ -184,6 +185,8 @@ class Cell:
     ``score``, ``target``, ``threshold`` and ``inactive_when`` are None for the baseline. ``per_layer`` and
     ``per_head`` are measured fractions of rows in which heads were zeroed (zeros for the baseline); ``per_item``
     holds the per-item answers (ids, gold, pred, pred_norm, loglikelihoods) and is left out when None.
+    ``generation`` (generative tasks): the mode, tokens/s, cache bytes and each item's generated token ids, which
+    the report compares with the baseline's (:func:`inactive_heads.generation.cascade`).
     """
 
     score: str | None
@@ -200,6 +203,7 @@ class Cell:
     seconds: float
     per_item: dict[str, Any] | None = field(default=None)
     run: str | None = field(default=None)  # run_digest of the run it was computed for
+    generation: dict[str, Any] | None = field(default=None)
 
     @classmethod
     def from_result(
@@ -238,12 +242,13 @@ class Cell:
                 "loglikelihoods": result.loglikelihoods,
             },
             run=run,
+            generation=None if result.generation is None else dict(result.generation),
         )
 
     def to_json(self) -> dict[str, Any]:
         """The stored JSON object (``per_item`` only when present)."""
         out = asdict(self)
-        for optional in ("per_item", "run"):
+        for optional in ("per_item", "run", "generation"):
             if out[optional] is None:
                 del out[optional]
         return out

@@ -12,12 +12,14 @@ from typing import Any
 import numpy as np
 
 from .figures import figure
+from .generation import cascade
 from .overlap import Overlap, overlap, threshold_spread
 from .rundir import RunData, score_label
 from .uncertainty import Bootstrap, Interval, bootstrap_run
 
 __all__ = [
     "calibration_label",
+    "cascade_table",
     "interval_text",
     "overlap_figure",
     "overlap_table",
@@ -204,3 +206,42 @@ def protocol_table(variants: Sequence[tuple[RunData, Bootstrap | None]]) -> Tabl
         return None
     header = ["score", "target", *(calibration_label(r) for r, _ in variants)]
     return header, [[score_label(s), f"{t:g}", *(c.get((s, t), "–") for c in cells)] for s, t in keys]
+
+
+def cascade_table(runs: Sequence[RunData]) -> Table | None:
+    """Generative runs (one per generation mode, say): per cell, exact match and its change, the share of items
+    whose generated tokens equal the baseline's, the quartiles of the first position where the others diverge,
+    and generation speed against the run's baseline; None when no run stored generated tokens."""
+    rows = []
+    for run in runs:
+        base = next((c for c in run.cells if c.get("score") is None and c.get("generation")), None)
+        if base is None:
+            continue
+        base_gen = base["generation"]
+        cells = sorted(
+            (c for c in run.cells if c.get("score") is not None and c.get("generation")),
+            key=lambda c: (_score_order([run], c["score"]), float(c["target"])),
+        )
+        rows.append(
+            [str(base_gen["mode"]), "baseline", "–", "0.0", f"{100 * base['accuracy']:.1f}", "–", "100", "–",
+             f"{base_gen['tokens_per_s']:.1f}", "1.00x"]
+        )  # fmt: skip
+        for c in cells:
+            gen = c["generation"]
+            if (c.get("per_item") or {}).get("ids") != (base.get("per_item") or {}).get("ids"):
+                continue  # other items than the baseline's: nothing to compare token by token
+            found = cascade(base_gen["generated_tokens"], gen["generated_tokens"])
+            quartiles = found["divergence_quartiles"]
+            spread = "–" if quartiles[1] is None else " / ".join(f"{q:.0f}" for q in quartiles)
+            speed = gen["tokens_per_s"] / max(base_gen["tokens_per_s"], 1e-9)
+            rows.append(
+                [str(gen["mode"]), score_label(c["score"]), f"{float(c['target']):g}",
+                 f"{100 * c['fraction_zeroed']:.1f}", f"{100 * c['accuracy']:.1f}",
+                 f"{100 * (c['accuracy'] - base['accuracy']):+.1f}", f"{100 * found['identical']:.0f}", spread,
+                 f"{gen['tokens_per_s']:.1f}", f"{speed:.2f}x"]
+            )  # fmt: skip
+    if not rows:
+        return None
+    header = ["mode", "score", "target", "% zeroed", "exact match", "Δ", "% identical to baseline",
+              "first divergence (token; q1 / median / q3)", "tokens/s", "vs baseline"]  # fmt: skip
+    return header, rows
