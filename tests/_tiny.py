@@ -87,3 +87,16 @@ def tiny_tokenizer(padding_side: str = "right") -> PreTrainedTokenizerFast:
         unk_token="<unk>",
         padding_side=padding_side,
     )
+
+
+def padded_batch(ids: list[list[int]], side: str) -> dict[str, torch.Tensor]:
+    """Token id lists as one batch padded on ``side`` ("left" or "right") with id 0: input_ids, attention_mask and
+    position_ids counting real tokens only, so a left-padded row sees the positions it has alone."""
+    width = max(map(len, ids))
+    input_ids = torch.zeros(len(ids), width, dtype=torch.long)
+    mask = torch.zeros(len(ids), width, dtype=torch.long)
+    for row, seq in enumerate(ids):
+        span = slice(width - len(seq), width) if side == "left" else slice(0, len(seq))
+        input_ids[row, span] = torch.tensor(seq)
+        mask[row, span] = 1
+    return {"input_ids": input_ids, "attention_mask": mask, "position_ids": (mask.cumsum(1) - 1).clamp(min=0)}

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from _tiny import tiny_model, tiny_tokenizer
+from _tiny import padded_batch, tiny_model, tiny_tokenizer
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -13,19 +13,6 @@ import inactive_heads as ih
 _MODELS = {arch: tiny_model(arch) for arch in ("llama", "gemma3", "gemma2", "gpt2")}
 _TOKENIZER = tiny_tokenizer()
 _texts = st.lists(st.text(alphabet="abcdefgh xyz.,", min_size=1, max_size=24), min_size=1, max_size=5)
-
-
-def _batch(ids: list[list[int]], side: str) -> dict[str, torch.Tensor]:
-    width = max(map(len, ids))
-    input_ids = torch.zeros(len(ids), width, dtype=torch.long)
-    mask = torch.zeros(len(ids), width, dtype=torch.long)
-    for row, seq in enumerate(ids):
-        span = slice(width - len(seq), width) if side == "left" else slice(0, len(seq))
-        input_ids[row, span] = torch.tensor(seq)
-        mask[row, span] = 1
-    # Position ids count real tokens only, so a left-padded row sees the same positions as when run alone.
-    positions = (mask.cumsum(1) - 1).clamp(min=0)
-    return {"input_ids": input_ids, "attention_mask": mask, "position_ids": positions}
 
 
 def _real(logits: torch.Tensor, n: int, width: int, side: str) -> torch.Tensor:
@@ -40,7 +27,7 @@ def test_row_alone_equals_row_in_padded_batch(texts, side, arch, score):
     ids = [_TOKENIZER(t)["input_ids"] for t in texts]
     threshold = 1.0 if score.endswith("_ln") else 0.3
     with torch.no_grad(), ih.watch(model, ih.Policy(score=score, threshold=threshold), record=True) as batched:
-        logits = model(**_batch(ids, side), use_cache=False).logits
+        logits = model(**padded_batch(ids, side), use_cache=False).logits
     width = logits.shape[1]
     for row, seq in enumerate(ids):
         with torch.no_grad(), ih.watch(model, ih.Policy(score=score, threshold=threshold), record=True) as alone:

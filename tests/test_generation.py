@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from _tiny import tiny_model, tiny_tokenizer
+from _tiny import padded_batch, tiny_model, tiny_tokenizer
 
 from inactive_heads import SCORE_FUNCTIONS, Policy, RunningStats, record_scores, watch
 from inactive_heads._compat import cache_kwarg, output_cache
@@ -100,13 +100,12 @@ def test_running_scores_equal_one_uncached_forward_over_the_whole_sequence(arch,
     model = tiny_model(arch, seed=4)
     rows = [tok(t)["input_ids"] for t in PROMPTS]
     extra = [[40, 41, 42], [50, 51, 52], [60, 61, 62]]  # three decoded tokens per row
-    width = max(map(len, rows))
-    ids = torch.tensor([[0] * (width - len(r)) + r for r in rows])  # left-padded, as generation pads
-    mask = (torch.arange(width)[None] >= torch.tensor([width - len(r) for r in rows])[:, None]).long()
+    batch = padded_batch(rows, "left")  # as generation pads
+    mask = batch["attention_mask"]
     running = RunningStats()
     with torch.no_grad():
         with watch(model, record=True, running=running):
-            out = model(input_ids=ids, attention_mask=mask, position_ids=(mask.cumsum(-1) - 1).clamp(min=0))
+            out = model(**batch)
         past = output_cache(out)
         for k in range(3):
             mask = torch.cat([mask, torch.ones(len(rows), 1, dtype=torch.long)], 1)

@@ -10,7 +10,7 @@ import math
 import pytest
 import torch
 import transformers
-from _tiny import ARCHS, tiny_model, tiny_tokenizer
+from _tiny import ARCHS, padded_batch, tiny_model, tiny_tokenizer
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -43,17 +43,6 @@ def _mask(*removed: tuple[int, list[int]]) -> torch.Tensor:
 UNEVEN = _mask((0, [0]), (1, [1, 3]), (2, [2, 3]))
 
 
-def _batch(ids: list[list[int]], side: str) -> dict[str, torch.Tensor]:
-    width = max(map(len, ids))
-    input_ids = torch.zeros(len(ids), width, dtype=torch.long)
-    attention = torch.zeros(len(ids), width, dtype=torch.long)
-    for row, seq in enumerate(ids):
-        span = slice(width - len(seq), width) if side == "left" else slice(0, len(seq))
-        input_ids[row, span] = torch.tensor(seq)
-        attention[row, span] = 1
-    return {"input_ids": input_ids, "attention_mask": attention}
-
-
 def _logits(model: transformers.PreTrainedModel, batch: dict[str, torch.Tensor]) -> torch.Tensor:
     with torch.no_grad():
         return model(**batch, use_cache=False).logits
@@ -78,7 +67,7 @@ _texts = st.lists(st.text(alphabet="abcdefgh xyz.,", min_size=1, max_size=20), m
 @pytest.mark.parametrize("arch", ARCHS)
 def test_pruned_equals_statically_zeroed(arch, mask, texts, side):
     model = _model(arch)
-    batch = _batch([_TOKENIZER(t)["input_ids"] for t in texts], side)
+    batch = padded_batch([_TOKENIZER(t)["input_ids"] for t in texts], side)
     with ih.zero_heads(model, mask=mask):
         expected = _logits(model, batch)
     got = _logits(_pruned(arch, mask), batch)
@@ -157,7 +146,7 @@ def test_zeroing_a_pruned_model_equals_zeroing_both_sets(arch):
     model = _model(arch)
     pruned = _pruned(arch, UNEVEN)
     more = _mask((0, [1]), (2, [0]))
-    batch = _batch([_TOKENIZER(t)["input_ids"] for t in TEXTS], "right")
+    batch = padded_batch([_TOKENIZER(t)["input_ids"] for t in TEXTS], "right")
     with ih.zero_heads(model, mask=UNEVEN | more):
         expected = _logits(model, batch)
     with ih.zero_heads(pruned, mask=more | UNEVEN) as run:  # entries of removed heads are ignored
@@ -170,7 +159,7 @@ def test_zeroing_a_pruned_model_equals_zeroing_both_sets(arch):
 
 def test_dynamic_zeroing_on_a_pruned_model_zeroes_only_remaining_heads():
     pruned = _pruned("llama", UNEVEN)
-    batch = _batch([_TOKENIZER(t)["input_ids"] for t in TEXTS], "right")
+    batch = padded_batch([_TOKENIZER(t)["input_ids"] for t in TEXTS], "right")
     with ih.zero_heads(pruned, score="ahon_ln", threshold=1.0) as run:
         _logits(pruned, batch)
     assert run.zeroed.any() and not run.zeroed[:, UNEVEN].any()
@@ -188,7 +177,7 @@ def test_pruning_again_removes_more_heads():
     twice = ih.prune_heads(_pruned("qwen2", first), second)
     once = _pruned("qwen2", first | second)
     assert torch.equal(pruning.pruned_mask(twice), first | second)
-    batch = _batch([_TOKENIZER(t)["input_ids"] for t in TEXTS], "left")
+    batch = padded_batch([_TOKENIZER(t)["input_ids"] for t in TEXTS], "left")
     torch.testing.assert_close(_logits(twice, batch), _logits(once, batch), rtol=0, atol=0)
 
 
@@ -198,7 +187,7 @@ def test_save_and_load_restore_the_pruned_model(arch, tmp_path):
     ih.save_pruned(pruned, tmp_path, _TOKENIZER)
     loaded, tokenizer = ih.load_model(tmp_path)
     assert torch.equal(pruning.pruned_mask(loaded), UNEVEN)
-    batch = _batch([tokenizer(t)["input_ids"] for t in TEXTS], "right")
+    batch = padded_batch([tokenizer(t)["input_ids"] for t in TEXTS], "right")
     torch.testing.assert_close(_logits(loaded, batch), _logits(pruned, batch), rtol=0, atol=0)
     with pytest.raises(RuntimeError, match="ignore_mismatched_sizes"):  # plain transformers cannot express uneven heads
         transformers.AutoModelForCausalLM.from_pretrained(tmp_path)
