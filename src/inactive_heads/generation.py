@@ -31,6 +31,7 @@ import torch
 from transformers import PreTrainedModel
 
 from . import _compat
+from ._tensors import pad_left, real_positions
 from .engine import Policy, RunningStats, watch
 
 __all__ = ["MODES", "Generated", "cascade", "generate_until"]
@@ -154,11 +155,6 @@ def generate_until(
     return Generated(texts, tokens, seconds, forwards, sum(map(len, tokens)), mode, rows, kv_bytes, kv_drop)
 
 
-def _positions(mask: torch.Tensor) -> torch.Tensor:
-    # As HF generate: positions count real tokens; pads get 0.
-    return (mask.long().cumsum(-1) - 1).masked_fill(mask == 0, 0)
-
-
 class _Batch:
     """One left-padded batch decoded greedily under ``policy`` in ``mode``; collects its zeroing rows."""
 
@@ -168,13 +164,7 @@ class _Batch:
         self.model, self.pad_id, self.policy, self.mode = model, pad_id, policy, mode
         self.device = next(model.parameters()).device
         self.lengths = [len(p) for p in prompts]
-        width = max(self.lengths)
-        ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
-        mask = torch.zeros((len(prompts), width), dtype=torch.long)
-        for r, p in enumerate(prompts):
-            ids[r, width - len(p) :] = torch.tensor(list(p), dtype=torch.long)
-            mask[r, width - len(p) :] = 1
-        self.ids, self.mask = ids.to(self.device), mask.to(self.device)
+        self.ids, self.mask, self.positions = pad_left(prompts, pad_id=pad_id, device=self.device)
         self.cache_kw = _compat.cache_kwarg(model)
         self.forwards = 0
         self.running = RunningStats() if mode == "running" else None
@@ -196,14 +186,14 @@ class _Batch:
         cached = self.mode != "recompute"
         mask = self.mask
         out = self._forward(
-            self.policy, input_ids=self.ids, attention_mask=mask, position_ids=_positions(mask), use_cache=cached
+            self.policy, input_ids=self.ids, attention_mask=mask, position_ids=self.positions, use_cache=cached
         )
         # In prompt mode every later step keeps, per row, the heads the prompt's pass zeroed.
         steps = self.policy
         if self.mode == "prompt" and self.policy is not None:
             steps = Policy(mask=self.zeroed[-1].to(self.device))
         past = _compat.output_cache(out) if cached else None
-        ids, pos = self.ids, _positions(mask)[:, -1:]
+        ids, pos = self.ids, self.positions[:, -1:]
         gen: list[list[int]] = [[] for _ in self.lengths]
         done = [False] * len(gen)
         for step in range(max_new):
@@ -227,7 +217,7 @@ class _Batch:
             else:
                 ids = torch.cat([ids, new], dim=1)
                 out = self._forward(
-                    steps, input_ids=ids, attention_mask=mask, position_ids=_positions(mask), use_cache=False
+                    steps, input_ids=ids, attention_mask=mask, position_ids=real_positions(mask), use_cache=False
                 )
         if cached:
             self._count_kv([n + len(g) - 1 for n, g in zip(self.lengths, gen, strict=True)])

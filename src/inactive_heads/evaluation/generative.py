@@ -16,6 +16,7 @@ from typing import Any
 import torch
 from transformers import PreTrainedModel
 
+from .._tensors import pad_left
 from ..engine import Policy, watch
 from ..generation import generate_until
 from ..tasks import FEWSHOT_SEED, Extraction, Generation, Item, Task
@@ -65,17 +66,8 @@ def _record_prompts(model: PreTrainedModel, prompts: list[list[int]], batch_size
     with watch(model, record=True) as w:
         device = next(model.parameters()).device
         for start in range(0, len(prompts), batch_size):
-            chunk = prompts[start : start + batch_size]
-            width = max(map(len, chunk))
-            ids = torch.full((len(chunk), width), pad_id, dtype=torch.long)
-            mask = torch.zeros_like(ids)
-            for r, p in enumerate(chunk):
-                ids[r, width - len(p) :] = torch.tensor(p)
-                mask[r, width - len(p) :] = 1
-            pos = (mask.cumsum(-1) - 1).masked_fill(mask == 0, 0)
-            model(
-                input_ids=ids.to(device), attention_mask=mask.to(device), position_ids=pos.to(device), logits_to_keep=1
-            )
+            ids, mask, pos = pad_left(prompts[start : start + batch_size], pad_id=pad_id, device=device)
+            model(input_ids=ids, attention_mask=mask, position_ids=pos, logits_to_keep=1)
     return w.scores
 
 
