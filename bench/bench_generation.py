@@ -1,0 +1,109 @@
+"""GSM8K generation under zeroing: the cascade in each generation mode, and generation speed.
+
+Per mode (``--modes``), one sweep of ``gsm8k`` (``--limit`` items, ``--max-gen-toks``, ``--scores`` x ``--targets``,
+calibrated on the evaluated prompts as the paper does) into ``--out/<model>-<mode>``; the runs resume when the
+script is run again. Then:
+
+* ``bench_generation_cascade`` in ``bench/RESULTS.md``: per mode and cell, exact match, the share of items whose
+  generated tokens equal the unintervened run's, where the others first diverge, and tokens/s against the mode's
+  unintervened generation (the report's cascade table, :func:`inactive_heads.runstats.cascade_table`);
+* ``bench_generation_speed``: tokens/s of transformers' ``generate`` (batched, left-padded, greedy, the same
+  prompts, batch size and token budget) and of inactive-heads' unintervened generation, measured one after the other
+  in this process;
+* a report over the runs in ``--out/report`` (its generation section is the same table).
+
+    python bench/bench_generation.py --model FILE.gguf [--limit 20] [--max-gen-toks 128] [--modes step running]
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+
+import torch
+from _results import RESULTS, update_table  # bench/ is the script's directory, first on sys.path
+
+import inactive_heads as ih
+from inactive_heads._tensors import pad_left
+from inactive_heads.evaluation.generative import _encode, _prompts
+from inactive_heads.generation import MODES, generate_until
+from inactive_heads.rundir import load_run, slug
+from inactive_heads.runstats import cascade_table
+from inactive_heads.tasks import get_task, subset
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _speed(model, tok, args: argparse.Namespace) -> list[list[str]]:
+    """Tokens/s of transformers' generate and of generate_until (no policy), on the sweep's prompts."""
+    task = get_task("gsm8k", args.data_dir)
+    items = subset(task.items, args.limit, 0)
+    config = ih.EvalConfig(limit=args.limit, data_dir=args.data_dir)
+    prompts = _encode(tok, _prompts(task, items, config.shots_for(task), config, tok))
+    spec = task.generation
+    assert spec is not None
+    ours = generate_until(
+        model, tok, prompts, until=spec.until, max_gen_toks=args.max_gen_toks, batch_size=args.batch_size
+    )
+    pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
+    new_tokens, start = 0, time.perf_counter()
+    with torch.no_grad():
+        for i in range(0, len(prompts), args.batch_size):
+            ids, mask, _ = pad_left(prompts[i : i + args.batch_size], pad_id=pad)
+            out = model.generate(
+                input_ids=ids, attention_mask=mask, max_new_tokens=args.max_gen_toks, do_sample=False,
+                pad_token_id=pad, stop_strings=list(spec.until), tokenizer=tok,
+            )  # fmt: skip
+            new_tokens += int((out[:, ids.shape[1] :] != pad).sum())
+    hf_rate = new_tokens / (time.perf_counter() - start)
+    label = args.name or Path(args.model).stem
+    return [
+        [label, "transformers generate (KV cache)", f"{len(prompts)}", f"{hf_rate:.1f}", "1.00x"],
+        [label, "inactive-heads, no policy (step)", f"{len(prompts)}", f"{ours.tokens_per_s:.1f}",
+         f"{ours.tokens_per_s / hf_rate:.2f}x"],
+    ]  # fmt: skip
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", required=True, help="a .gguf file or model directory")
+    parser.add_argument("--name", default=None)
+    parser.add_argument("--modes", nargs="+", default=["step", "running", "prompt"], choices=MODES)
+    parser.add_argument("--scores", default="ahon_ln,awft,random")
+    parser.add_argument("--targets", type=float, nargs="+", default=[0.1])
+    parser.add_argument("--limit", type=int, default=100)
+    parser.add_argument("--max-gen-toks", type=int, default=256)
+    parser.add_argument("--batch-size", type=int, default=8)
+    parser.add_argument("--data-dir", type=Path, default=ROOT.parent / "shared" / "data")
+    parser.add_argument("--out", type=Path, default=Path("/tmp/bench_generation"))
+    parser.add_argument("--results", type=Path, default=RESULTS)
+    parser.add_argument("--no-speed", action="store_true", help="skip the transformers generate comparison")
+    args = parser.parse_args()
+
+    model, tok = ih.load_model(args.model)
+    label = args.name or Path(args.model).stem
+    run_dirs = []
+    for mode in args.modes:
+        run_dir = args.out / slug(f"{label}-gsm8k-n{args.limit}-t{args.max_gen_toks}-{mode}")
+        ih.sweep(
+            model, tok, "gsm8k", run_dir, scores=args.scores.split(","), targets=args.targets, limit=args.limit,
+            max_gen_toks=args.max_gen_toks, generation_mode=mode, batch_size=args.batch_size, data_dir=args.data_dir,
+            model_name=label,
+        )  # fmt: skip
+        run_dirs.append(run_dir)
+    table = cascade_table([load_run(d) for d in run_dirs])
+    assert table is not None
+    header, rows = table
+    update_table(
+        "bench_generation_cascade", ["model", "items", "max new tokens", *header],
+        [[label, str(args.limit), str(args.max_gen_toks), *r] for r in rows], key=6, path=args.results,
+    )  # fmt: skip
+    ih.write_report(run_dirs, args.out / "report")
+    if not args.no_speed:
+        speed_header = ["model", "generation", "prompts", "new tokens/s", "vs transformers generate"]
+        update_table("bench_generation_speed", speed_header, _speed(model, tok, args), key=2, path=args.results)
+
+
+if __name__ == "__main__":
+    main()
