@@ -13,6 +13,7 @@ script is run again. Then:
 * a report over the runs in ``--out/report`` (its generation section is the same table).
 
     python bench/bench_generation.py --model FILE.gguf [--limit 20] [--max-gen-toks 128] [--modes step running]
+    python bench/bench_generation.py --model FILE.gguf ... --write   # render what is stored so far
 """
 
 from __future__ import annotations
@@ -65,6 +66,19 @@ def _speed(model, tok, args: argparse.Namespace) -> list[list[str]]:
     ]  # fmt: skip
 
 
+def _write(run_dirs: list[Path], label: str, args: argparse.Namespace) -> None:
+    """The cascade table of the runs' stored cells into RESULTS.md, and their report."""
+    table = cascade_table([load_run(d) for d in run_dirs])
+    if table is None:
+        raise SystemExit("no generative cells stored yet")
+    header, rows = table
+    update_table(
+        "bench_generation_cascade", ["model", "items", "max new tokens", *header],
+        [[label, str(args.limit), str(args.max_gen_toks), *r] for r in rows], key=6, path=args.results,
+    )  # fmt: skip
+    ih.write_report(run_dirs, args.out / "report")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", required=True, help="a .gguf file or model directory")
@@ -79,27 +93,23 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=Path("/tmp/bench_generation"))
     parser.add_argument("--results", type=Path, default=RESULTS)
     parser.add_argument("--no-speed", action="store_true", help="skip the transformers generate comparison")
+    parser.add_argument("--write", action="store_true", help="only render the cells stored so far")
     args = parser.parse_args()
 
-    model, tok = ih.load_model(args.model)
     label = args.name or Path(args.model).stem
-    run_dirs = []
-    for mode in args.modes:
-        run_dir = args.out / slug(f"{label}-gsm8k-n{args.limit}-t{args.max_gen_toks}-{mode}")
+    run_dirs = [args.out / slug(f"{label}-gsm8k-n{args.limit}-t{args.max_gen_toks}-{mode}") for mode in args.modes]
+    if args.write:  # the cells stored so far
+        run_dirs = [d for d in run_dirs if (d / "run.json").is_file()]
+        _write(run_dirs, label, args)
+        return
+    model, tok = ih.load_model(args.model)
+    for mode, run_dir in zip(args.modes, run_dirs, strict=True):
         ih.sweep(
             model, tok, "gsm8k", run_dir, scores=args.scores.split(","), targets=args.targets, limit=args.limit,
             max_gen_toks=args.max_gen_toks, generation_mode=mode, batch_size=args.batch_size, data_dir=args.data_dir,
             model_name=label,
         )  # fmt: skip
-        run_dirs.append(run_dir)
-    table = cascade_table([load_run(d) for d in run_dirs])
-    assert table is not None
-    header, rows = table
-    update_table(
-        "bench_generation_cascade", ["model", "items", "max new tokens", *header],
-        [[label, str(args.limit), str(args.max_gen_toks), *r] for r in rows], key=6, path=args.results,
-    )  # fmt: skip
-    ih.write_report(run_dirs, args.out / "report")
+    _write(run_dirs, label, args)
     if not args.no_speed:
         speed_header = ["model", "generation", "prompts", "new tokens/s", "vs transformers generate"]
         update_table("bench_generation_speed", speed_header, _speed(model, tok, args), key=2, path=args.results)
