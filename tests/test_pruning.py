@@ -211,6 +211,10 @@ def test_refusals(tmp_path):
         ih.prune_heads(model, UNEVEN)
     with pytest.raises(ValueError, match="no removed heads"):
         ih.save_pruned(model, tmp_path)
+    (tmp_path / "kept.txt").write_text("x")
+    with pytest.raises(FileExistsError, match="not empty"):  # never overwrites, never leaves a partial save
+        ih.save_pruned(_pruned("llama", UNEVEN), tmp_path)
+    assert [p.name for p in tmp_path.iterdir()] == ["kept.txt"]
     assert pruning.pruned_mask(model).sum() == 0  # a refused call changes nothing
 
 

@@ -193,13 +193,12 @@ def _cmd_prune(args: argparse.Namespace) -> None:
 
     from . import speed
     from .evaluation import EvalConfig, evaluate
-    from .pruning import prune_heads, save_pruned, static_mask
+    from .pruning import prune_heads, require_new_directory, save_pruned, static_mask
     from .rundir import load_run, model_identity
     from .store import atomic_write_json
 
     run = load_run(args.run_dir)
-    if args.out.exists() and (not args.out.is_dir() or any(args.out.iterdir())):
-        raise FileExistsError(f"{args.out} exists and is not empty; choose a new directory for the pruned model")
+    require_new_directory(args.out)  # before minutes of loading and evaluating
     recorded = (run.run.get("model") or {}).get("identity") or {}
     args.model = args.model or (recorded.get("source") or {}).get("spec")
     if not args.model:

@@ -41,6 +41,7 @@ __all__ = [
     "load_pruned",
     "prune_heads",
     "pruned_mask",
+    "require_new_directory",
     "save_pruned",
     "static_mask",
 ]
@@ -367,6 +368,12 @@ def prune_heads(model: PreTrainedModel, mask: torch.Tensor) -> PreTrainedModel:
 # --- saving and loading ------------------------------------------------------------------------------------------
 
 
+def require_new_directory(directory: Path) -> None:
+    """FileExistsError unless ``directory`` is absent or empty: a pruned model never overwrites files."""
+    if directory.exists() and (not directory.is_dir() or any(directory.iterdir())):
+        raise FileExistsError(f"{directory} exists and is not empty; choose a new directory or remove it first")
+
+
 def save_pruned(model: PreTrainedModel, directory: str | os.PathLike, tokenizer: Any = None) -> Path:
     """Save a pruned ``model`` (and ``tokenizer``) to ``directory``, for :func:`inactive_heads.load_model`.
 
@@ -380,8 +387,7 @@ def save_pruned(model: PreTrainedModel, directory: str | os.PathLike, tokenizer:
     if not removed.any():
         raise ValueError("model has no removed heads; save an unpruned model with model.save_pretrained")
     directory = Path(directory)
-    if directory.exists() and (not directory.is_dir() or any(directory.iterdir())):
-        raise FileExistsError(f"{directory} exists and is not empty; choose a new directory or remove it first")
+    require_new_directory(directory)
     # Written beside it and renamed into place: an interrupted save never leaves a partial checkpoint there.
     directory.parent.mkdir(parents=True, exist_ok=True)
     partial = Path(tempfile.mkdtemp(prefix=f".{directory.name}.", dir=directory.parent))
