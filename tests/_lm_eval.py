@@ -246,6 +246,34 @@ def _pool_rows(task: str, data: Path) -> tuple[list[str], Callable[[str], dict[s
     return [f"{prefix}:{k + 1}" for k in range(len(lines))], raw
 
 
+def _hflm_and_tasks(model: Any, tokenizer: Any, batch_size: int, out: Path) -> tuple[Any, Any]:
+    """HFLM over the already-loaded model and a TaskManager that sees the local tasks written to ``out``."""
+    from lm_eval.models.huggingface import HFLM
+    from lm_eval.tasks import TaskManager
+
+    lm = HFLM(pretrained=model, tokenizer=tokenizer, batch_size=batch_size, device=str(model.device))
+    return lm, TaskManager(include_path=str(out))
+
+
+def _simple_evaluate(lm: Any, tm: Any, names: dict[str, Any], samples: Any, shots: int) -> dict[str, Any]:
+    """lm-eval's simple_evaluate on exactly ``samples`` of ``names``, every seed fixed, per-sample logs kept."""
+    import lm_eval
+
+    return lm_eval.simple_evaluate(
+        model=lm,
+        tasks=list(names),
+        num_fewshot=shots,
+        samples=samples,
+        log_samples=True,
+        task_manager=tm,
+        bootstrap_iters=0,
+        random_seed=0,
+        numpy_random_seed=0,
+        torch_random_seed=0,
+        fewshot_random_seed=1234,
+    )
+
+
 def run_lm_eval_generate(
     model: Any,
     tokenizer: Any,
@@ -259,25 +287,8 @@ def run_lm_eval_generate(
     max_gen_toks: int,
 ) -> dict[str, Any]:
     """Run a generative lm-eval task on exactly ``item_ids``: per item the generated text and each metric."""
-    import lm_eval
-    from lm_eval.models.huggingface import HFLM
-    from lm_eval.tasks import TaskManager
-
     names, samples = write_lm_eval_tasks(task, item_ids, out, data, shots, max_gen_toks)
-    lm = HFLM(pretrained=model, tokenizer=tokenizer, batch_size=batch_size, device=str(model.device))
-    res = lm_eval.simple_evaluate(
-        model=lm,
-        tasks=list(names),
-        num_fewshot=shots,
-        samples=samples,
-        log_samples=True,
-        task_manager=TaskManager(include_path=str(out)),
-        bootstrap_iters=0,
-        random_seed=0,
-        numpy_random_seed=0,
-        torch_random_seed=0,
-        fewshot_random_seed=1234,
-    )
+    res = _simple_evaluate(*_hflm_and_tasks(model, tokenizer, batch_size, out), names, samples, shots)
     texts, prompts, metrics = {}, {}, {}
     for name, ids in names.items():
         for s in res["samples"][name]:
@@ -301,27 +312,10 @@ def run_lm_eval(
     batch_size: int,
 ) -> dict[str, Any]:
     """Run lm-eval on exactly ``item_ids``; per-item choice log-likelihoods, accuracies and wall time."""
-    import lm_eval
-    from lm_eval.models.huggingface import HFLM
-    from lm_eval.tasks import TaskManager
-
     names, samples = write_lm_eval_tasks(task, item_ids, out, data, shots)
-    lm = HFLM(pretrained=model, tokenizer=tokenizer, batch_size=batch_size, device=str(model.device))
-    tm = TaskManager(include_path=str(out))
+    lm, tm = _hflm_and_tasks(model, tokenizer, batch_size, out)
     t0 = time.perf_counter()
-    res = lm_eval.simple_evaluate(
-        model=lm,
-        tasks=list(names),
-        num_fewshot=shots,
-        samples=samples,
-        log_samples=True,
-        task_manager=tm,
-        bootstrap_iters=0,
-        random_seed=0,
-        numpy_random_seed=0,
-        torch_random_seed=0,
-        fewshot_random_seed=1234,
-    )
+    res = _simple_evaluate(lm, tm, names, samples, shots)
     wall = time.perf_counter() - t0
     lls, acc, acc_norm = {}, {}, {}
     for name, ids in names.items():
