@@ -94,6 +94,97 @@ def test_prompt_mode_equals_a_naive_loop_with_the_prompts_decision_fixed(model, 
     assert 0 < got.kv_bytes_droppable < got.kv_bytes
 
 
+def _dropping_mask(rows: int) -> torch.Tensor:
+    """Per-row masks [rows, 3 layers, 4 heads] under which rows leave different KV heads (pairs of query heads)
+    unread: layer 0's first KV head in every row, layer 2's second in row 0 only, layer 1's nowhere."""
+    mask = torch.zeros(rows, 3, 4, dtype=torch.bool)
+    mask[:, 0, :2] = True
+    mask[0, 2, 2:] = True
+    mask[1:, 2, 3] = True
+    return mask
+
+
+@pytest.mark.parametrize("arch", ["llama", "gemma3", "phi3", "gpt2"])
+def test_prompt_mode_drops_unread_kv_heads_and_generates_the_same(arch, tok):
+    model = tiny_model(arch, seed=5)
+    ids = _ids(tok)
+    policy = Policy(mask=_dropping_mask(len(ids)))
+    kw = dict(until=["\x00never"], max_gen_toks=6, batch_size=3, policy=policy, mode="prompt")
+    dropped = generate_until(model, tok, ids, **kw)
+    kept = generate_until(model, tok, ids, drop_kv=False, **kw)
+    assert dropped.tokens == kept.tokens
+    for r, prompt in enumerate(ids):  # and both are the prompt's decision fixed, row by row
+        assert dropped.tokens[r] == _naive(model, prompt, 6, Policy(mask=policy.mask[r]))
+    n_kv = 4 if arch == "gpt2" else 2
+    per_head = dropped.kv_bytes // (3 * n_kv)  # every layer keeps n_kv heads over the same real positions
+    assert dropped.kv_bytes == kept.kv_bytes and dropped.kv_bytes_droppable == kept.kv_bytes_droppable
+    # The batch drops layer 0's first KV head and, under GPT-2's one KV head per query head, layer 2's last too.
+    assert dropped.kv_bytes_dropped == (3 if arch == "gpt2" else 1) * per_head
+    assert dropped.kv_bytes_dropped < dropped.kv_bytes_droppable < dropped.kv_bytes  # row 0 leaves more unread
+    alone = generate_until(model, tok, ids, **{**kw, "batch_size": 1})  # one row per batch: every unread head goes
+    assert alone.tokens == dropped.tokens
+    assert alone.kv_bytes_dropped == alone.kv_bytes_droppable == dropped.kv_bytes_droppable
+    assert kept.kv_bytes_dropped == 0
+
+
+def test_prompt_mode_drops_kv_heads_of_a_pruned_model(tok):
+    """Layer 1 loses query head 0 to pruning, so its first KV head serves head 1 alone: zeroing head 1 leaves it
+    unread, an uneven layout the cache cut and the attention's KV index must agree on."""
+    from inactive_heads import prune_heads
+
+    model = tiny_model("qwen2", seed=6)
+    removed = torch.zeros(3, 4, dtype=torch.bool)
+    removed[1, 0] = True
+    prune_heads(model, removed)
+    mask = torch.zeros(3, 4, dtype=torch.bool)
+    mask[1, 1] = True
+    ids = _ids(tok)
+    kw = dict(until=["\x00never"], max_gen_toks=5, batch_size=3, policy=Policy(mask=mask), mode="prompt")
+    dropped = generate_until(model, tok, ids, **kw)
+    assert dropped.tokens == generate_until(model, tok, ids, drop_kv=False, **kw).tokens
+    assert dropped.tokens == [_naive(model, p, 5, Policy(mask=mask)) for p in ids]
+    assert dropped.kv_bytes_dropped == dropped.kv_bytes_droppable == dropped.kv_bytes // 6  # 1 of 6 KV heads
+
+
+def test_a_dropped_cache_holds_only_the_heads_some_row_reads(model, tok):
+    """The cache after the prompt's pass is cut to the KV heads the batch reads, and stays so while decoding."""
+    from inactive_heads import _compat
+    from inactive_heads.generation import _Batch
+
+    ids = _ids(tok)
+    batch = _Batch(model, ids, 0, Policy(mask=_dropping_mask(len(ids))), "prompt", drop_kv=True)
+    caches = []
+    real_forward = batch._forward
+
+    def spy(policy, **kwargs):
+        out = real_forward(policy, **kwargs)
+        caches.append([k.shape for k, _ in _compat.cache_states(output_cache(out))])
+        return out
+
+    batch._forward = spy
+    batch.run(tok, ["\x00never"], 3, {2}, 4)
+    width = batch.ids.shape[1]
+    assert caches[0] == [(3, 2, width, 8)] * 3  # the prompt's pass, before the cut
+    for step, shapes in enumerate(caches[1:], start=1):  # KV heads: layer 0 keeps 1, layers 1 and 2 keep both
+        assert shapes == [(3, 1, width + step, 8), (3, 2, width + step, 8), (3, 2, width + step, 8)]
+
+
+def test_a_dropped_cache_refuses_another_mask(model, tok):
+    from inactive_heads import _compat
+
+    ids = _ids(tok)[:1]
+    with torch.no_grad():
+        out = model(torch.tensor(ids), use_cache=True)
+    cache = output_cache(out)
+    _compat.keep_cache_heads(cache, 0, torch.tensor([1]))
+    step = dict(input_ids=torch.tensor([[5]]), use_cache=True, **{cache_kwarg(model): cache})
+    with pytest.raises(ValueError, match="KV cache holds 1 of its 2 KV heads"), watch(model, record=True):
+        model(**step)
+    unmasked = Policy(mask=torch.zeros(3, 4, dtype=torch.bool))
+    with pytest.raises(ValueError, match="holds 1 KV heads, but this mask reads 2"), watch(model, unmasked):
+        model(**step)
+
+
 @pytest.mark.parametrize("arch", ["llama", "gemma2", "gpt2"])
 def test_running_scores_equal_one_uncached_forward_over_the_whole_sequence(arch, tok):
     """Without zeroing, every score a cached step sees in running mode is the score of the sequence so far."""
@@ -189,7 +280,7 @@ def test_generation_options_leave_existing_identities_alone():
         EvalConfig(generation_mode="cached")
 
 
-@pytest.mark.parametrize("mode", ["step", "recompute"])
+@pytest.mark.parametrize("mode", ["step", "recompute", "prompt"])
 def test_sweep_runs_a_generative_task_and_resumes(model, tok, tmp_path, mode):
     from inactive_heads import sweep
     from inactive_heads.rundir import load_run
@@ -212,6 +303,12 @@ def test_sweep_runs_a_generative_task_and_resumes(model, tok, tmp_path, mode):
         cell = next(c for c in run.cells if score_label(c["score"] or "") == row[1] and f"{c['target']:g}" == row[2])
         found = cascade(base, cell["generation"]["generated_tokens"])
         assert row[0] == mode and row[header.index("% identical to baseline")] == f"{100 * found['identical']:.0f}"
+        gen, kv = cell["generation"], row[header.index("% KV cache unread / dropped")]
+        if mode == "prompt":  # only prompt mode leaves KV heads unread and cuts them
+            unread, dropped = (100 * gen[k] / gen["kv_bytes"] for k in ("kv_bytes_droppable", "kv_bytes_dropped"))
+            assert kv == f"{unread:.1f} / {dropped:.1f}" and dropped <= unread
+        else:
+            assert kv == "–"
     assert [r[1] for r in rows] == ["baseline", "AHON (LN)", "AHON (LN)", "Random", "Random"]
     for row in rows:
         if row[header.index("% zeroed")] == "0.0":  # a cell that zeroed nothing generated the baseline's tokens

@@ -132,6 +132,36 @@ def set_cache_states(cache: Any, states: list[tuple[torch.Tensor, torch.Tensor]]
         layer.keys, layer.values = keys, values
 
 
+_SOME_HEADS_LAYERS: dict[type, type] = {}
+
+
+def _some_heads_layer(layer_class: type) -> type:
+    """``layer_class`` (a transformers cache layer class) storing only the KV heads ``inactive_heads_kv`` (long,
+    ascending) of every state it is given: a subclass, as transformers tells layer kinds apart by isinstance."""
+    if layer_class not in _SOME_HEADS_LAYERS:
+
+        class SomeHeads(layer_class):
+            def update(self, keys: torch.Tensor, values: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+                heads = self.inactive_heads_kv
+                return super().update(keys.index_select(1, heads), values.index_select(1, heads), *args, **kwargs)
+
+        SomeHeads.__name__ = SomeHeads.__qualname__ = f"SomeHeads{layer_class.__name__}"
+        _SOME_HEADS_LAYERS[layer_class] = SomeHeads
+    return _SOME_HEADS_LAYERS[layer_class]
+
+
+def keep_cache_heads(cache: Any, layer: int, heads: torch.Tensor) -> None:
+    """From now on, layer ``layer`` of a (dynamic) KV cache holds only KV heads ``heads`` (long, ascending): those
+    already stored are cut and freed, and later states are cut before they are appended."""
+    state = cache.layers[layer]
+    if hasattr(state, "inactive_heads_kv"):
+        raise ValueError(f"cache layer {layer} already holds a subset of KV heads")
+    state.keys = state.keys.index_select(1, heads)
+    state.values = state.values.index_select(1, heads)
+    state.inactive_heads_kv = heads
+    state.__class__ = _some_heads_layer(type(state))
+
+
 def text_config(model: PreTrainedModel) -> PretrainedConfig:
     """The config of the language model inside ``model`` (the model's own config for a plain LM)."""
     config = model.config
@@ -142,6 +172,12 @@ def model_shape(model: PreTrainedModel) -> tuple[int, int]:
     """``(n_layers, n_heads)`` of the language model: its layer count and its number of query heads per layer."""
     config = text_config(model)
     return _int_attr(config, _LAYER_ATTRS, "layers"), _int_attr(config, _HEAD_ATTRS, "attention heads")
+
+
+def kv_heads(model: PreTrainedModel) -> int:
+    """Key/value heads per layer of the (unpruned) language model: its query heads where the config names none."""
+    value = getattr(text_config(model), "num_key_value_heads", None)
+    return value if isinstance(value, int) and not isinstance(value, bool) else model_shape(model)[1]
 
 
 def _int_attr(config: PretrainedConfig, names: tuple[str, ...], what: str) -> int:

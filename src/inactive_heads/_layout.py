@@ -38,6 +38,30 @@ def kv_index(module: torch.nn.Module) -> torch.Tensor | None:
     return index if isinstance(index, torch.Tensor) else None
 
 
+def reads(module: torch.nn.Module, n_query: int, n_kv: int) -> torch.Tensor:
+    """For each of the ``n_query`` query heads ``module`` has, the position of the KV head it reads among the
+    module's KV heads: the pruning record, or equal consecutive groups of an unpruned module with ``n_kv``."""
+    index = kv_index(module)
+    if index is not None:
+        return index
+    device = next((p.device for p in module.parameters()), torch.device("cpu"))
+    return torch.arange(n_query, device=device) // (n_query // n_kv)
+
+
+def kv_count(module: torch.nn.Module, n_kv: int) -> int:
+    """The number of KV heads ``module`` has: ``n_kv`` (the model's) unless pruning removed some."""
+    index = kv_index(module)
+    return n_kv if index is None else int(index.max()) + 1
+
+
+def kv_heads_read(zeroed: torch.Tensor, reads: torch.Tensor, n_kv: int) -> torch.Tensor:
+    """bool [B, n_kv]: which KV heads each row still reads when its query heads ``zeroed`` (bool [B, H]) output
+    nothing; ``reads`` [H] as :func:`reads` returns it. A KV head all of whose query heads are zeroed is never read."""
+    live = (~zeroed).to(torch.long)
+    count = torch.zeros(zeroed.shape[0], n_kv, dtype=torch.long, device=zeroed.device)
+    return count.index_add_(1, reads.to(zeroed.device), live) > 0
+
+
 def set_layout(module: torch.nn.Module, query_heads: torch.Tensor, kv_index: torch.Tensor) -> None:
     """Record that ``module`` keeps original query heads ``query_heads``, reading KV heads ``kv_index``."""
     if query_heads.shape != kv_index.shape or query_heads.dim() != 1:

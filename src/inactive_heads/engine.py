@@ -222,11 +222,13 @@ class _Session:
         seed: int,
         kept: list[torch.Tensor | None] | None = None,
         running: RunningStats | None = None,
+        kv_heads: list[int] | None = None,
     ):
         self.layers = layers  # id(attention module) -> layer index
         self.n_layers = len(layers)
         self.n_heads = n_heads
         self.kept = kept if kept is not None else [None] * self.n_layers  # per layer: original heads left, or all
+        self.kv_heads = kv_heads  # per layer: the module's KV heads (a cache holding fewer dropped unread ones)
         self.policy = policy
         self.record = record
         self.seed = seed
@@ -269,6 +271,11 @@ class _Session:
             raise ValueError(f"layer {layer} has {query.shape[1]} query heads, expected {expected}")
         needs = self.needs - {"random"}
         gram = self._gram(module, query.shape[1], value.shape[-1], value.device) if "fhon" in needs else None
+        static = self._static_zero(layer, batch, kept, query.device)
+        kv_index, live = _layout.kv_index(module), None
+        if self.kv_heads is not None and key.shape[1] < self.kv_heads[layer]:
+            kv_index, live = self._unread_kv_dropped(module, layer, static, key.shape[1], needs)
+            query = query[:, live]
         out, stats, rows = attention_with_stats(
             query,
             key,
@@ -279,8 +286,10 @@ class _Session:
             softcap=softcap,
             gram=gram,
             is_causal=is_causal,
-            kv_index=_layout.kv_index(module),
+            kv_index=kv_index,
         )
+        if live is not None:  # heads whose KV head left the cache output zeros (they are zeroed below anyway)
+            out = out.new_zeros(batch, len(live), *out.shape[2:]).index_copy_(1, live.nonzero().flatten(), out)
         if "random" in self.needs:
             draws = self._random(layer, batch)  # drawn for every original head: a head's draw survives pruning
             stats.random = (draws if kept is None else draws[:, kept.cpu()]).to(out.device)
@@ -290,13 +299,8 @@ class _Session:
 
         zero = None
         if self.policy is not None:
-            if self.policy.mask is not None:
-                static = self._static_mask(out.device)
-                if static.dim() == 3 and static.shape[0] != batch:
-                    raise ValueError(f"a per-row mask for {static.shape[0]} rows applied to a forward of {batch} rows")
-                zero = static[layer].expand(batch, -1) if static.dim() == 2 else static[:, layer]
-                if kept is not None:  # the mask is in the original head indexing
-                    zero = zero[:, kept.to(zero.device)]
+            if static is not None:
+                zero = static
             else:
                 assert self.policy.score is not None and self.policy.threshold is not None  # see Policy
                 spec = SCORE_FUNCTIONS[self.policy.score]
@@ -346,11 +350,38 @@ class _Session:
         self.rows_seen += batch
         self._zeroed_all = self._scores_all = None
 
-    def _static_mask(self, device: torch.device) -> torch.Tensor:
-        assert self.policy is not None and self.policy.mask is not None
+    def _static_zero(
+        self, layer: int, batch: int, kept: torch.Tensor | None, device: torch.device
+    ) -> torch.Tensor | None:
+        """A static mask policy's heads to zero in ``layer`` (bool [B, heads the module has]); None without one."""
+        if self.policy is None or self.policy.mask is None:
+            return None
         if device not in self._masks:
             self._masks[device] = self.policy.mask.to(device)
-        return self._masks[device]
+        static = self._masks[device]
+        if static.dim() == 3 and static.shape[0] != batch:
+            raise ValueError(f"a per-row mask for {static.shape[0]} rows applied to a forward of {batch} rows")
+        zero = static[layer].expand(batch, -1) if static.dim() == 2 else static[:, layer]
+        return zero if kept is None else zero[:, kept.to(zero.device)]  # the mask is in the original indexing
+
+    def _unread_kv_dropped(
+        self, module: torch.nn.Module, layer: int, zero: torch.Tensor | None, cached: int, needs: frozenset[str]
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """For a KV cache that holds only the KV heads ``zero`` leaves read (see ``generation``'s prompt mode): the
+        KV index of the query heads still reading one, and which those are (bool [heads the module has])."""
+        assert self.kv_heads is not None
+        n_kv = self.kv_heads[layer]
+        if zero is None or needs:
+            raise ValueError(
+                f"layer {layer}'s KV cache holds {cached} of its {n_kv} KV heads: a cache without the unread heads "
+                "works only under the static mask that left them unread, without recording scores"
+            )
+        reads = _layout.reads(module, zero.shape[1], n_kv)
+        read = _layout.kv_heads_read(zero, reads, n_kv).any(0)
+        if int(read.sum()) != cached:
+            raise ValueError(f"layer {layer}'s KV cache holds {cached} KV heads, but this mask reads {int(read.sum())}")
+        live = read[reads]
+        return (read.cumsum(0) - 1)[reads[live]], live
 
     def _random(self, layer: int, batch: int) -> torch.Tensor:
         # One generator per (seed, row, layer): a row's draws do not depend on how rows were batched.
@@ -540,8 +571,9 @@ def watch(
     if any(i in _SESSIONS for i in layers):
         raise RuntimeError("this model is already inside a watch/zero_heads block; nesting is not supported")
     kept = [_layout.query_heads(m) for m in modules]
+    kv_heads = [_layout.kv_count(m, _compat.kv_heads(model)) for m in modules]
     seed = policy.seed if policy else 0
-    session = _Session(layers, _compat.model_shape(model)[1], policy, record, seed, kept, running)
+    session = _Session(layers, _compat.model_shape(model)[1], policy, record, seed, kept, running, kv_heads)
     with _compat.set_attn_implementation(model, IMPLEMENTATION):
         try:
             _SESSIONS.update(dict.fromkeys(layers, session))

@@ -15,24 +15,26 @@ Under a policy, ``mode`` says what each zeroing decision sees:
   (:class:`~inactive_heads.engine.RunningStats`): the paper's statistics without re-running the sequence, exact
   while no head has been zeroed, and computed from each position's own step after that.
 - ``"prompt"``: with a KV cache; the prompt's pass decides, per row, and those heads stay zeroed for every generated
-  token. Their keys and values are then never read again: a KV head whose query heads are all zeroed can leave the
-  cache. ``Generated.kv_bytes_droppable`` counts those bytes over the final cache (real positions only) beside
-  ``kv_bytes``, the cache's size; the dense cache used here keeps them (a per-row, per-head cache would not).
+  token. A KV head all of whose query heads a row zeroed is never read by that row again. The batch's cache is one
+  dense tensor per layer, so it drops (``drop_kv``) the KV heads that no row of the batch reads: every row's at
+  ``batch_size=1``. ``Generated`` counts, over the final cache's real positions, the bytes of every KV head
+  (``kv_bytes``), of those each row leaves unread (``kv_bytes_droppable``) and of those dropped
+  (``kv_bytes_dropped``).
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 import torch
 from transformers import PreTrainedModel
 
-from . import _compat
+from . import _compat, _layout
 from ._tensors import pad_left, real_positions
-from .engine import Policy, RunningStats, watch
+from .engine import Policy, RunningStats, attention_modules, watch
 
 __all__ = ["MODES", "Generated", "cascade", "generate_until"]
 
@@ -60,6 +62,7 @@ class Generated:
     zeroed: torch.Tensor | None = field(default=None, repr=False)
     kv_bytes: int = 0
     kv_bytes_droppable: int = 0
+    kv_bytes_dropped: int = 0
 
     @property
     def tokens_per_s(self) -> float:
@@ -103,16 +106,20 @@ def generate_until(
     policy: Policy | None = None,
     mode: Mode = "step",
     progress: bool | Callable[[int], Any] = False,
+    drop_kv: bool = True,
 ) -> Generated:
     """Greedy-decode every token-id prompt until a stop string (see the module docstring for ``mode``).
 
     ``progress``: True for a tqdm bar over prompts (with its ETA), or a factory ``progress(total)`` of a tqdm-like
-    bar.
+    bar. A per-row static mask (``policy.mask`` [prompts, layers, heads]) applies to the prompts in the order
+    given. ``drop_kv``: in prompt mode, cut the KV heads no row of a batch reads from its cache.
     """
     if mode not in MODES:
         raise ValueError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
     if max_gen_toks < 1 or batch_size < 1:
         raise ValueError("max_gen_toks and batch_size must be >= 1")
+    if policy is not None and policy.mask is not None and policy.mask.dim() == 3 and len(policy.mask) != len(prompts):
+        raise ValueError(f"a per-row mask has {len(policy.mask)} rows for {len(prompts)} prompts; give one per prompt")
     stops = _stop_strings(tokenizer, until)
     # lm-eval's look-back: the stop string's token count plus 2, decoded from the row's newest tokens.
     lookback = max(len(tokenizer.encode(s, add_special_tokens=False)) for s in stops) + 2
@@ -131,18 +138,20 @@ def generate_until(
     was_training = model.training
     model.eval()
     t0 = time.perf_counter()
-    forwards, kv_bytes, kv_drop = 0, 0, 0
+    forwards, kv = 0, [0, 0, 0]
     zeroed: list[torch.Tensor] = []
     try:
         for start in range(0, len(order), batch_size):
             chunk = order[start : start + batch_size]
-            batch = _Batch(model, [prompts[i] for i in chunk], pad_id, policy, mode)
+            chunk_policy = policy
+            if policy is not None and policy.mask is not None and policy.mask.dim() == 3:  # one mask per prompt
+                chunk_policy = replace(policy, mask=policy.mask[chunk])
+            batch = _Batch(model, [prompts[i] for i in chunk], pad_id, chunk_policy, mode, drop_kv)
             for i, toks in zip(chunk, batch.run(tokenizer, stops, lookback, eos, max_gen_toks), strict=True):
                 tokens[i] = toks
             forwards += batch.forwards
             zeroed += batch.zeroed
-            kv_bytes += batch.kv_bytes
-            kv_drop += batch.kv_bytes_droppable
+            kv = [a + b for a, b in zip(kv, batch.kv_counts(), strict=True)]
             if bar is not None:
                 bar.update(len(chunk))
     finally:
@@ -152,16 +161,22 @@ def generate_until(
     seconds = time.perf_counter() - t0
     texts = [_cut(tokenizer.decode(t, skip_special_tokens=True), stops) for t in tokens]
     rows = torch.cat(zeroed) if zeroed else None
-    return Generated(texts, tokens, seconds, forwards, sum(map(len, tokens)), mode, rows, kv_bytes, kv_drop)
+    return Generated(texts, tokens, seconds, forwards, sum(map(len, tokens)), mode, rows, *kv)
 
 
 class _Batch:
     """One left-padded batch decoded greedily under ``policy`` in ``mode``; collects its zeroing rows."""
 
     def __init__(
-        self, model: PreTrainedModel, prompts: list[Sequence[int]], pad_id: int, policy: Policy | None, mode: Mode
+        self,
+        model: PreTrainedModel,
+        prompts: list[Sequence[int]],
+        pad_id: int,
+        policy: Policy | None,
+        mode: Mode,
+        drop_kv: bool,
     ):
-        self.model, self.pad_id, self.policy, self.mode = model, pad_id, policy, mode
+        self.model, self.pad_id, self.policy, self.mode, self.drop_kv = model, pad_id, policy, mode, drop_kv
         self.device = next(model.parameters()).device
         self.lengths = [len(p) for p in prompts]
         self.ids, self.mask, self.positions = pad_left(prompts, pad_id=pad_id, device=self.device)
@@ -169,7 +184,7 @@ class _Batch:
         self.forwards = 0
         self.running = RunningStats() if mode == "running" else None
         self.zeroed: list[torch.Tensor] = []
-        self.kv_bytes = self.kv_bytes_droppable = 0
+        self.kv_bytes = self.kv_bytes_droppable = self.kv_bytes_dropped = 0
 
     def _forward(self, policy: Policy | None, **kwargs: Any) -> Any:
         self.forwards += 1
@@ -188,11 +203,12 @@ class _Batch:
         out = self._forward(
             self.policy, input_ids=self.ids, attention_mask=mask, position_ids=self.positions, use_cache=cached
         )
+        past = _compat.output_cache(out) if cached else None
         # In prompt mode every later step keeps, per row, the heads the prompt's pass zeroed.
         steps = self.policy
         if self.mode == "prompt" and self.policy is not None:
             steps = Policy(mask=self.zeroed[-1].to(self.device))
-        past = _compat.output_cache(out) if cached else None
+            self._drop_unread(past, self.zeroed[-1])
         ids, pos = self.ids, self.positions[:, -1:]
         gen: list[list[int]] = [[] for _ in self.lengths]
         done = [False] * len(gen)
@@ -223,19 +239,49 @@ class _Batch:
             self._count_kv([n + len(g) - 1 for n, g in zip(self.lengths, gen, strict=True)])
         return gen
 
+    def kv_counts(self) -> tuple[int, int, int]:
+        return self.kv_bytes, self.kv_bytes_droppable, self.kv_bytes_dropped
+
+    def _kv_read(self, zeroed: torch.Tensor) -> list[torch.Tensor]:
+        """Per layer, bool [B, the layer's KV heads]: which KV heads each row reads under per-row ``zeroed`` [B, L, H]
+        (original head indexing)."""
+        n_kv = _compat.kv_heads(self.model)
+        read = []
+        for layer, module in enumerate(attention_modules(self.model)):
+            kept = _layout.query_heads(module)
+            zero = zeroed[:, layer] if kept is None else zeroed[:, layer, kept.cpu()]
+            reads = _layout.reads(module, zero.shape[1], n_kv).cpu()
+            read.append(_layout.kv_heads_read(zero, reads, _layout.kv_count(module, n_kv)))
+        return read
+
+    def _drop_unread(self, cache: Any, zeroed: torch.Tensor) -> None:
+        """Prompt mode: cut from the cache every KV head no row of the batch reads again."""
+        if not self.drop_kv:
+            return
+        for layer, read in enumerate(self._kv_read(zeroed)):
+            batch_reads = read.any(0)
+            if not batch_reads.all():
+                _compat.keep_cache_heads(cache, layer, batch_reads.nonzero().flatten().to(self.device))
+
     def _count_kv(self, positions: list[int]) -> None:
-        """Bytes of the final cache over real positions, and those of KV heads all of whose query heads are zeroed
-        for the whole generation (prompt mode: the prompt's decision)."""
+        """Bytes of the final cache over real positions (``kv_bytes``, every KV head), of the KV heads a row never
+        reads after its prompt (prompt mode; ``kv_bytes_droppable``), and of those the cache dropped, as no row of the
+        batch reads them (``kv_bytes_dropped``)."""
         config = _compat.text_config(self.model)
-        layers, heads = _compat.model_shape(self.model)
-        kv_heads = getattr(config, "num_key_value_heads", None) or heads
+        heads = _compat.model_shape(self.model)[1]
         head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
         per_position = 2 * head_dim * next(self.model.parameters()).element_size()  # a key and a value
         real = torch.tensor(positions, dtype=torch.float64)
-        self.kv_bytes = int(real.sum() * layers * kv_heads * per_position)
+        n_kv = _compat.kv_heads(self.model)
+        stored = sum(_layout.kv_count(m, n_kv) for m in attention_modules(self.model))
+        self.kv_bytes = int(real.sum() * stored * per_position)
         if self.mode == "prompt" and self.zeroed:
-            dropped = self.zeroed[0].reshape(len(positions), layers, kv_heads, heads // kv_heads).all(-1)
-            self.kv_bytes_droppable = int((dropped.sum((1, 2)).double() * real).sum() * per_position)
+            read = self._kv_read(self.zeroed[0])
+            unread = torch.stack([(~r).sum(1) for r in read]).sum(0).double()  # [B]
+            self.kv_bytes_droppable = int((unread * real).sum() * per_position)
+            if self.drop_kv:
+                dropped = sum(int((~r.any(0)).sum()) for r in read)
+                self.kv_bytes_dropped = int(dropped * real.sum() * per_position)
 
 
 def cascade(baseline: Sequence[Sequence[int]], intervened: Sequence[Sequence[int]]) -> dict[str, Any]:

@@ -193,7 +193,8 @@ def _cascade_section(doc: Document, runs: Sequence[RunData]) -> None:
     doc.p(
         "Exact match (strict-match) per generation mode and cell; % identical: items whose generated tokens equal "
         "the unintervened run's; first divergence: the first generated token that differs, over the other items; "
-        "tokens/s against the same mode's unintervened generation."
+        "tokens/s against the same mode's unintervened generation; prompt mode's KV cache: the share of its bytes "
+        "each row never reads after the prompt, and the share cut from the cache (the heads no row of a batch reads)."
     )
     for (name, task), table in tables:
         doc.h(3, f"{name} — {task}")

@@ -224,7 +224,7 @@ def cascade_table(runs: Sequence[RunData]) -> Table | None:
         )
         rows.append(
             [str(base_gen["mode"]), "baseline", "–", "0.0", f"{100 * base['accuracy']:.1f}", "–", "100", "–",
-             f"{base_gen['tokens_per_s']:.1f}", "1.00x"]
+             f"{base_gen['tokens_per_s']:.1f}", "1.00x", "–"]
         )  # fmt: skip
         for c in cells:
             gen = c["generation"]
@@ -238,10 +238,19 @@ def cascade_table(runs: Sequence[RunData]) -> Table | None:
                 [str(gen["mode"]), score_label(c["score"]), f"{float(c['target']):g}",
                  f"{100 * c['fraction_zeroed']:.1f}", f"{100 * c['accuracy']:.1f}",
                  f"{100 * (c['accuracy'] - base['accuracy']):+.1f}", f"{100 * found['identical']:.0f}", spread,
-                 f"{gen['tokens_per_s']:.1f}", f"{speed:.2f}x"]
+                 f"{gen['tokens_per_s']:.1f}", f"{speed:.2f}x", _kv_dropped(gen)]
             )  # fmt: skip
     if not rows:
         return None
     header = ["mode", "score", "target", "% zeroed", "exact match", "Δ", "% identical to baseline",
-              "first divergence (token; q1 / median / q3)", "tokens/s", "vs baseline"]  # fmt: skip
+              "first divergence (token; q1 / median / q3)", "tokens/s", "vs baseline",
+              "% KV cache unread / dropped"]  # fmt: skip
     return header, rows
+
+
+def _kv_dropped(gen: dict[str, Any]) -> str:
+    """Prompt mode's KV-cache bytes its rows leave unread and those the cache dropped, in % of the whole cache."""
+    total = gen.get("kv_bytes") or 0
+    if gen.get("mode") != "prompt" or not total or "kv_bytes_dropped" not in gen:
+        return "–"
+    return f"{100 * gen['kv_bytes_droppable'] / total:.1f} / {100 * gen['kv_bytes_dropped'] / total:.1f}"

@@ -162,6 +162,7 @@ def _evaluate_generative(
             "tokens_per_s": gen.tokens_per_s,
             "kv_bytes": gen.kv_bytes,
             "kv_bytes_droppable": gen.kv_bytes_droppable,
+            "kv_bytes_dropped": gen.kv_bytes_dropped,
             "generated_tokens": gen.tokens,
         },
     )
