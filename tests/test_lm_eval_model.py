@@ -24,6 +24,7 @@ from lm_eval.tasks import TaskManager
 
 from inactive_heads import record_scores, static_mask, zero_heads
 from inactive_heads.cli import main
+from inactive_heads.generation import generate_until
 from inactive_heads.lm_eval_model import InactiveHeadsLM, simple_evaluate
 from inactive_heads.rundir import RunDir, model_identity, run_record
 from inactive_heads.thresholds import thresholds_from_cdf
@@ -180,6 +181,38 @@ def test_fraction_zeroed_equals_a_per_example_loop(model_dir, tasks_dir):
     assert torch.allclose(torch.tensor(summary["fraction_zeroed_per_head"], dtype=torch.float64), zeroed.mean(0))
 
 
+@pytest.mark.parametrize("mode", ["recompute", "running", "prompt"])
+def test_generation_modes_decode_as_generate_until(model_dir, tasks_dir, mode):
+    """In a generation mode other than step, each of HFLM's batches is decoded by generate_until in that mode: the
+    same texts as generate_until on HFLM's prompts, and the fraction zeroed over its forwards."""
+    tok = tiny_tokenizer()
+    contexts = [q for q, _ in _GEN]
+    prompts = [tok(c, add_special_tokens=False)["input_ids"] for c in contexts]
+    threshold = _middle_threshold(record_scores(tiny_model("llama"), None, prompts)[SCORE])
+    lm = _lm(model_dir, score=SCORE, threshold=threshold, generation_mode=mode)
+    results = _run(lm, tasks_dir, ("ih_gen",))
+    texts = dict(zip([s["arguments"][0][0] for s in results["samples"]["ih_gen"]], _texts(results), strict=True))
+    # HFLM's batches of BATCH rows hold the contexts longest first, as generate_until orders them.
+    ours = generate_until(lm.model, tok, prompts, until=["\n"], max_gen_toks=4, batch_size=BATCH, policy=lm.policy,
+                          mode=mode)  # fmt: skip
+    assert [texts[c] for c in contexts] == ours.texts
+    summary = results["inactive_heads"]
+    assert ours.zeroed is not None and summary["generation_mode"] == mode
+    assert summary["rows"] == ours.zeroed.shape[0]
+    assert summary["fraction_zeroed"] == pytest.approx(float(ours.zeroed.double().mean()), abs=1e-12)
+    assert 0.0 < summary["fraction_zeroed"] < 1.0
+    if mode != "prompt":  # decisions past the prompt differ from HF generate's single-query steps
+        step = _run(_lm(model_dir, score=SCORE, threshold=threshold), tasks_dir, ("ih_gen",))
+        assert step["inactive_heads"]["fraction_zeroed"] != summary["fraction_zeroed"]
+
+
+def test_generation_modes_refuse_sampling(model_dir):
+    lm = _lm(model_dir, score=SCORE, threshold=0.5, generation_mode="running")
+    context = torch.tensor([[5, 6, 7]])
+    with pytest.raises(NotImplementedError, match=r"decodes greedily.*asks for sampling.*generation_mode=step"):
+        lm._model_generate(context, 6, ["\n"], do_sample=True, temperature=0.7)
+
+
 @pytest.fixture(scope="module")
 def calibration(model_dir, tmp_path_factory) -> tuple[Path, Any]:
     """A run directory whose calibration holds the scores of a few texts on the tiny model."""
@@ -226,6 +259,7 @@ def test_static_mode_zeroes_the_target_fraction_of_heads_on_every_row(model_dir,
         ({"score": SCORE, "target": 1.5, "calibration": "."}, r"target is a fraction of heads in \[0, 1\]"),
         ({"score": SCORE, "threshold": 0.1, "mode": "static"}, "mode=static needs target="),
         ({"score": SCORE, "threshold": 0.1, "mode": "nope"}, "mode must be one of dynamic, static"),
+        ({"score": SCORE, "threshold": 0.1, "generation_mode": "x"}, "generation_mode must be one of recompute, step"),
     ],
 )
 def test_bad_options_name_the_fix(options, message):

@@ -7,8 +7,11 @@ extra: ``pip install 'inactive-heads[lm-eval]'``). Its model arguments are HFLM'
 
 Without ``score`` it is HFLM. With it, every forward HFLM makes runs inside :func:`inactive_heads.watch`, which
 decides per input and per layer which heads to zero: log-likelihood batches (HFLM's right padding masked, so a
-row's decisions see its own tokens only) and generation (HF ``generate`` with a KV cache: the prompt's pass decides
-on the prompt, every later step on the new token, the project's ``step`` generation mode). The realised fraction
+row's decisions see its own tokens only) and generation. ``generation_mode`` (one of
+:data:`inactive_heads.generation.MODES`) says what a decision sees while decoding: ``step`` (the default) runs HF
+``generate`` with a KV cache, the prompt's pass deciding on the prompt and every later step on the new token; the
+other modes decode each of HFLM's batches with :func:`inactive_heads.generation.generate_until` (greedy only; the
+same stop rule as HFLM's). The realised fraction
 of zeroed heads, over every forward row but those of lm-eval's batch-size probe, is reported by
 :meth:`InactiveHeadsLM.get_model_info`, which lm-eval copies into ``results["config"]["inactive_heads"]``;
 :func:`simple_evaluate` also puts it at ``results["inactive_heads"]``.
@@ -32,6 +35,8 @@ from lm_eval.models.huggingface import HFLM
 
 from . import _compat
 from .engine import Policy, Watch, watch
+from .generation import MODES as GENERATION_MODES
+from .generation import generate_until
 from .pruning import static_mask
 from .scores import SCORE_FUNCTIONS, HeadScores
 from .thresholds import thresholds_from_cdf
@@ -42,7 +47,6 @@ __all__ = ["MODES", "InactiveHeadsLM", "simple_evaluate"]
 #: input, the ``target`` fraction of heads most often inactive on the calibration rows
 #: (:func:`inactive_heads.static_mask`, the heads ``inactive-heads prune`` would remove).
 MODES = ("dynamic", "static")
-_GENERATION_MODE = "step"
 
 
 @register_model("inactive_heads")
@@ -51,7 +55,8 @@ class InactiveHeadsLM(HFLM):
 
     ``target``: fraction of heads to zero; the threshold comes from the pooled scores of ``calibration``, a run
     directory written by ``inactive-heads calibrate``, as a sweep takes it. ``mode``: see :data:`MODES`.
-    ``seed``: of the ``random`` score. Every other argument is HFLM's.
+    ``generation_mode``: see the module docstring. ``seed``: of the ``random`` score. Every other argument is
+    HFLM's.
     """
 
     def __init__(
@@ -62,17 +67,18 @@ class InactiveHeadsLM(HFLM):
         target: float | None = None,
         calibration: str | Path | None = None,
         mode: str = "dynamic",
+        generation_mode: str = "step",
         seed: int = 0,
         **kwargs: Any,
     ) -> None:
-        options = _check_options(score, threshold, target, calibration, mode, seed)
+        options = _check_options(score, threshold, target, calibration, mode, generation_mode, seed)
         # Options fail before the model loads; the calibration's shape is checked against the model after.
         calibration_scores: HeadScores | None = None
         calibration_run: dict[str, Any] | None = None
         if calibration is not None:
             calibration_scores, calibration_run = _read_calibration(calibration, score)
         super().__init__(pretrained=pretrained, **kwargs)
-        self.zeroing: dict[str, Any] = {**options, "generation_mode": _GENERATION_MODE}
+        self.zeroing: dict[str, Any] = options
         self._policy: Policy | None = None
         if calibration_run is not None:
             _check_calibration_model(self.model, calibration_run)
@@ -151,6 +157,8 @@ class InactiveHeadsLM(HFLM):
             return super().loglikelihood_rolling(requests, disable_tqdm=disable_tqdm)
 
     def generate_until(self, requests: Any, disable_tqdm: bool = False) -> Any:
+        if self.zeroing["generation_mode"] != "step":  # generate_until opens its own watch per forward
+            return super().generate_until(requests, disable_tqdm=disable_tqdm)
         with self._zeroing():
             return super().generate_until(requests, disable_tqdm=disable_tqdm)
 
@@ -213,10 +221,43 @@ class InactiveHeadsLM(HFLM):
             return self.model(input_ids=inps, attention_mask=mask).logits
 
     def _model_generate(self, context: torch.Tensor, max_length: int, stop: list[str], **kwargs: Any) -> torch.Tensor:
+        mode = self.zeroing["generation_mode"]
+        if self._policy is not None and mode != "step":
+            return self._generate_in_mode(context, max_length, stop, mode, **kwargs)
         if self._policy is not None and self._watch is None:
             raise RuntimeError("a forward outside an lm-eval request method; call generate_until")
         with self._counted():
             return super()._model_generate(context, max_length, stop, **kwargs)
+
+    def _generate_in_mode(
+        self, context: torch.Tensor, max_length: int, stop: list[str], mode: str, **kwargs: Any
+    ) -> torch.Tensor:
+        """HFLM's left-padded batch decoded by :func:`generate_until` in ``mode``, returned as ``generate`` would:
+        [rows, context width + new tokens], padded after each row's last token."""
+        mask = kwargs.pop("attention_mask", None)
+        greedy = not kwargs.pop("do_sample", False) and not kwargs.pop("temperature", 0.0)
+        if not greedy or kwargs:  # lm-eval normalises greedy decoding to do_sample=False, temperature=0
+            raise NotImplementedError(
+                f"generation_mode={mode} decodes greedily with lm-eval's stop rule; this task asks for "
+                f"{'sampling' if not greedy else sorted(kwargs)}. Use generation_mode=step (HF generate) for it"
+            )
+        width = context.shape[1]
+        real = torch.ones_like(context, dtype=torch.bool) if mask is None else mask.bool()
+        prompts = [row[keep].tolist() for row, keep in zip(context, real, strict=True)]
+        with self._autocast():
+            gen = generate_until(
+                self.model, self.tokenizer, prompts, until=stop, max_gen_toks=max_length - width,
+                batch_size=len(prompts), policy=self._policy, mode=mode,  # type: ignore[arg-type]
+            )  # fmt: skip
+        if gen.zeroed is not None:
+            self._rows += gen.zeroed.shape[0]
+            self._zeroed_sum += gen.zeroed.sum(0)
+        pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
+        out = torch.full((len(prompts), width + max(map(len, gen.tokens), default=0)), pad, dtype=context.dtype)
+        out[:, :width] = context.cpu()
+        for row, tokens in enumerate(gen.tokens):
+            out[row, width : width + len(tokens)] = torch.tensor(tokens, dtype=context.dtype)
+        return out
 
     def _autocast(self) -> contextlib.AbstractContextManager[Any]:
         dtype = self.mixed_precision_dtype
@@ -243,11 +284,14 @@ def _check_options(
     target: Any,
     calibration: str | Path | None,
     mode: str,
+    generation_mode: str,
     seed: Any,
 ) -> dict[str, Any]:
     """The zeroing options as recorded in results; ValueError naming the fix for a bad combination."""
     if mode not in MODES:
         raise ValueError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
+    if generation_mode not in GENERATION_MODES:
+        raise ValueError(f"generation_mode must be one of {', '.join(GENERATION_MODES)}, got {generation_mode!r}")
     if isinstance(seed, bool) or not isinstance(seed, int):
         raise ValueError(f"seed must be a whole number, got {seed!r}")
     if score is None:
@@ -282,6 +326,7 @@ def _check_options(
         "target": p,
         "calibration": None if calibration is None else str(calibration),
         "mode": mode if score is not None else None,
+        "generation_mode": generation_mode,
         "seed": seed,
     }
 
