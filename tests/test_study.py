@@ -168,6 +168,25 @@ def test_rerun_computes_nothing_and_a_changed_study_adds_only_its_new_cells(loca
     assert "| ahon_sq | 0.5 |" not in md and "| ahon_sq | 0.25 |" in md
 
 
+def test_a_study_of_some_models_reports_every_calibrated_run(local_run, workspace, tmp_path):
+    """``models=`` runs only those models; the report still shows every run calibrated before."""
+    out = tmp_path / "study"
+    shutil.copytree(local_run.out, out, copy_function=shutil.copy2)
+    for run in (out / "runs").glob("qwen--*"):
+        shutil.rmtree(run)
+    first = ih.study(_study_file(workspace, targets="[0.25, 0.5]"), out, models=["llama"], progress=False)
+    assert first.calibrated == 0 and first.computed == 2 * 2  # llama's new target only; qwen is not run
+    assert not list((out / "runs").glob("qwen--*"))
+    md = (out / "report" / "report.md").read_text()
+    assert "### llama — recall" in md and "### qwen — recall" not in md
+    again = ih.study(_study_file(workspace, targets="[0.25, 0.5]"), out, models=["qwen"], progress=False)
+    assert again.calibrated == 2 and again.computed == 2 * 5
+    md = (out / "report" / "report.md").read_text()
+    assert "### llama — recall" in md and "### qwen — recall" in md
+    with pytest.raises(ValueError, match="'nope' is not a model of study tiny; its models: llama, qwen"):
+        ih.study(_study_file(workspace), out, models=["nope"], progress=False)
+
+
 def test_an_executor_is_one_registered_class(local_run, workspace, tmp_path):
     @ih.register_executor
     class ModelsInReverse(LocalExecutor):

@@ -95,6 +95,21 @@ def test_defaults_paths_and_resources(tmp_path, monkeypatch):
     assert [t.limit for t in reduced.tasks] == [20, 20, 20] and study.tasks[0].limit is None
 
 
+def test_a_task_run_by_some_models(tmp_path):
+    """``models`` selects which models run a task entry; it is no part of the run, whose name stays the same."""
+    (tmp_path / "models" / "tiny").mkdir(parents=True)
+    (tmp_path / "models" / "big").mkdir(parents=True)
+    two = _GOOD.replace("[[tasks]]", '[[models]]\nspec = "models/big"\n\n[[tasks]]')
+    every = ih.load_study(_write(tmp_path, two))
+    some = ih.load_study(_write(tmp_path, two + '\n[[tasks]]\nname = "recall"\nlimit = 20\nmodels = ["big"]\n'))
+    assert [(m.name, t.limit) for m, t in every.runs()] == [("tiny", 10), ("big", 10)]
+    assert [(m.name, t.limit) for m, t in some.runs()] == [("tiny", 10), ("big", 10), ("big", 20)]
+    assert some.max_cells == 3 * (1 + 2 * 2)
+    only_big = ih.load_study(_write(tmp_path, two.replace("limit = 10", 'limit = 10\nmodels = ["big"]')))
+    big, task = only_big.runs()[0]
+    assert len(only_big.runs()) == 1 and only_big.run_name(big, task) == every.run_name(*every.runs()[1])
+
+
 @pytest.mark.parametrize(
     ("edit", "message"),
     [
@@ -126,6 +141,12 @@ def test_defaults_paths_and_resources(tmp_path, monkeypatch):
             r"models\[1\]\.name: 'tiny' names",
         ),
         (("targets", 'plugins = ["nope.py"]\ntargets'), r"plugins: plugin file .*nope\.py does not exist"),
+        (("limit = 10", 'limit = 10\nmodels = ["other"]'), r"tasks\[0\]\.models: 'other' is not a model of this"),
+        (("limit = 10", "limit = 10\nmodels = []"), r"tasks\[0\]\.models: empty; list the models"),
+        (
+            ("limit = 10", 'limit = 10\n[[tasks]]\nname = "recall"\nlimit = 10\nmodels = ["tiny"]'),
+            r"tasks\[1\]: repeats tasks\[0\] for tiny",
+        ),
     ],
 )
 def test_a_bad_key_is_named(tmp_path, edit, message):

@@ -179,7 +179,9 @@ def _cmd_compare(args: argparse.Namespace) -> None:
 def _cmd_study(args: argparse.Namespace) -> None:
     from .study import study
 
-    result = study(args.study, args.out, executor=args.executor, address=args.address, limit=args.limit)
+    result = study(
+        args.study, args.out, executor=args.executor, address=args.address, limit=args.limit, models=args.models
+    )
     print(
         f"study {result.out}: {result.cells} cells of {len(result.runs)} runs ({result.computed} evaluated now, "
         f"{result.reused} already stored; {result.calibrated} calibrations) in {result.seconds / 60:.1f} min"
@@ -430,6 +432,10 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--executor", default="local", choices=sorted(EXECUTORS), help="where jobs run (default: local)")
     p.add_argument("--address", default=None, help="Ray cluster to join (default: start a local Ray instance)")
     p.add_argument("--limit", type=_count(1), default=None, help="at most N items per task (a quick reduced study)")
+    p.add_argument(
+        "--models", nargs="+", default=None, metavar="NAME",
+        help="run only these models of the study (the report covers every calibrated run)",
+    )  # fmt: skip
     p.set_defaults(fn=_cmd_study)
 
     p = add("prune", "remove the heads a calibration finds most often inactive; measure size, speed and accuracy")

@@ -18,7 +18,7 @@ from __future__ import annotations
 import os
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -215,6 +215,7 @@ def study(
     executor: str | Executor = "local",
     address: str | None = None,
     limit: int | None = None,
+    models: Sequence[str] | None = None,
     progress: bool = True,
     report: bool = True,
 ) -> StudyResult:
@@ -223,14 +224,19 @@ def study(
 
     ``executor``: a registered executor name (``local``, ``ray``) or an :class:`~inactive_heads.executors.Executor`;
     ``address``: the Ray cluster to join (default: a local Ray instance). ``limit``: evaluate and calibrate on at
-    most that many items per task (a quick, reduced study). Rerunning resumes: stored calibrations and cells are
-    kept and only missing ones run; a model with nothing missing is not even loaded. A changed study keeps the
-    cells still part of it and adds the rest; the report shows only the current study's cells.
+    most that many items per task (a quick, reduced study). ``models``: run only these models' calibrations and
+    cells (the report still covers every calibrated run of the study). Rerunning resumes: stored calibrations and
+    cells are kept and only missing ones run; a model with nothing missing is not even loaded. A changed study
+    keeps the cells still part of it and adds the rest; the report shows only the current study's cells.
     """
     t0 = time.perf_counter()
     spec = study if isinstance(study, Study) else load_study(study)
     if limit is not None:
         spec = spec.with_limit(limit)
+    names = [m.name for m in spec.models]
+    unknown = [m for m in models or () if m not in names]
+    if unknown:
+        raise ValueError(f"{unknown[0]!r} is not a model of study {spec.name}; its models: {', '.join(names)}")
     runner = _executor(executor, address)
     out = Path(out) if out is not None else Path("studies") / spec.name
     data_dir = spec.data_dir or os.environ.get(DATA_ENV) or None  # resolved here: workers may not share the env
@@ -241,14 +247,15 @@ def study(
             get_task(name, data_dir, t.source)
     runs = [
         _Run(m, t, out / "runs" / spec.run_name(m, t), spec.seed, spec.batch_size, data_dir, progress)
-        for m in spec.models
-        for t in spec.tasks
+        for m, t in spec.runs()
     ]
     atomic_write_json(out / "study.json", {"study": spec.normalized(), "package_version": package_version()})
 
     plan = _Plan(spec)
     groups = []
     for m in spec.models:
+        if models is not None and m.name not in models:
+            continue
         jobs: list[Job] = []
         for r in runs:
             if r.model is m:
@@ -287,8 +294,12 @@ def study(
     if report:
         from .report import write_study_report
 
+        for r in runs:  # runs of models not run now: shown once calibrated
+            if r.dir not in plan.keys and RunDir(r.dir).read_meta() is not None:
+                scores, targets = spec.scores_of(r.task), spec.targets_of(r.task)
+                plan.keys[r.dir] = [c.key for c in plan_cells(r.dir, scores=scores, targets=targets)]
         _, report_path = write_study_report(
-            [(r.dir, plan.keys[r.dir]) for r in runs],
+            [(r.dir, plan.keys[r.dir]) for r in runs if r.dir in plan.keys],
             out / "report",
             title=f"Study {spec.name}",
             pairs=spec.pairs,

@@ -61,7 +61,8 @@ class StudyModel:
 
 @dataclass(frozen=True)
 class StudyTask:
-    """A task of the study and how it is evaluated and calibrated (None: the task's default)."""
+    """A task of the study and how it is evaluated and calibrated (None: the task's default). ``models``: the
+    study's models that run it (None: every one); it selects runs and is no part of them."""
 
     name: str
     shots: int | None = None
@@ -72,6 +73,7 @@ class StudyTask:
     calibration_items: str = "same"
     scores: tuple[str, ...] | None = None
     targets: tuple[float, ...] | None = None
+    models: tuple[str, ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -94,7 +96,11 @@ class Study:
     def max_cells(self) -> int:
         """Cells of the grid: per (model, task) the baseline and every (score, target). Targets that calibrate to
         the same threshold share a cell, so a study may store fewer."""
-        return len(self.models) * sum(1 + len(self.scores_of(t)) * len(self.targets_of(t)) for t in self.tasks)
+        return sum(1 + len(self.scores_of(t)) * len(self.targets_of(t)) for _, t in self.runs())
+
+    def runs(self) -> list[tuple[StudyModel, StudyTask]]:
+        """Every (model, task) of the grid, model by model in the file's order."""
+        return [(m, t) for m in self.models for t in self.tasks if t.models is None or m.name in t.models]
 
     def scores_of(self, task: StudyTask) -> tuple[str, ...]:
         """The score functions of ``task``'s grid: its own list, else the study's."""
@@ -113,7 +119,7 @@ class Study:
         (cells are keyed by their own content; this keeps runs that may not share a directory apart)."""
         settings = {
             "model": {k: v for k, v in dataclasses.asdict(model).items() if k not in ("device_map", "resources")},
-            "task": dataclasses.asdict(task),
+            "task": {k: v for k, v in dataclasses.asdict(task).items() if k != "models"},
             "seed": self.seed,
         }
         digest = hashlib.sha256(canonical_json(settings).encode()).hexdigest()[:10]
@@ -332,6 +338,7 @@ def parse_study(
             calibration_items=t.choice("calibration_items", ("same", "heldout"), "same"),
             scores=_scores(t, None),
             targets=_targets(t, None),
+            models=t.strings("models", None),
         )
         if task.calibration_items == "heldout" and task.calibration_task is not None:
             raise t.fail("calibration_items", "a held-out calibration uses the task's own items; drop calibration_task")
@@ -355,6 +362,18 @@ def parse_study(
         if model not in names:
             raise top.fail(key, f"{model!r} is not a model of this study; models: {', '.join(names)}")
         return model
+
+    for i, task in enumerate(tasks):
+        for listed in task.models or ():
+            known(f"tasks[{i}].models", listed)
+        if task.models is not None and not task.models:
+            raise top.fail(f"tasks[{i}].models", "empty; list the models that run this task, or drop the key")
+        for j, other in enumerate(tasks[:i]):
+            shared = set(names if task.models is None else task.models) & set(
+                names if other.models is None else other.models
+            )
+            if shared and dataclasses.replace(task, models=None) == dataclasses.replace(other, models=None):
+                raise top.fail(f"tasks[{i}]", f"repeats tasks[{j}] for {', '.join(sorted(shared))}")
 
     pairs = []
     for i, pair in enumerate(top.get("pairs", list, [])):
