@@ -152,7 +152,7 @@ def test_a_dropped_cache_holds_only_the_heads_some_row_reads(model, tok):
     from inactive_heads.generation import _Batch
 
     ids = _ids(tok)
-    batch = _Batch(model, ids, 0, Policy(mask=_dropping_mask(len(ids))), "prompt", drop_kv=True)
+    batch = _Batch(model, ids, [0, 1, 2], 0, Policy(mask=_dropping_mask(len(ids))), "prompt", drop_kv=True)
     caches = []
     real_forward = batch._forward
 
@@ -167,6 +167,15 @@ def test_a_dropped_cache_holds_only_the_heads_some_row_reads(model, tok):
     assert caches[0] == [(3, 2, width, 8)] * 3  # the prompt's pass, before the cut
     for step, shapes in enumerate(caches[1:], start=1):  # KV heads: layer 0 keeps 1, layers 1 and 2 keep both
         assert shapes == [(3, 1, width + step, 8), (3, 2, width + step, 8), (3, 2, width + step, 8)]
+
+
+def test_a_layer_with_every_head_zeroed_keeps_no_kv_head(model, tok):
+    mask = torch.zeros(3, 4, dtype=torch.bool)
+    mask[1] = True
+    kw = dict(until=["\x00never"], max_gen_toks=5, batch_size=3, policy=Policy(mask=mask), mode="prompt")
+    dropped = generate_until(model, tok, _ids(tok), **kw)
+    assert dropped.tokens == generate_until(model, tok, _ids(tok), drop_kv=False, **kw).tokens
+    assert dropped.kv_bytes_dropped == dropped.kv_bytes // 3  # layer 1's two KV heads of six
 
 
 def test_a_dropped_cache_refuses_another_mask(model, tok):
@@ -226,12 +235,17 @@ def test_running_mode_decides_on_the_running_scores(model, tok):
 
 
 @pytest.mark.parametrize("mode", ["step", "recompute", "running", "prompt"])
-def test_rows_are_independent_of_batching(model, tok, mode):
+@pytest.mark.parametrize("policy", [POLICY, Policy(score="random", threshold=0.5, seed=1)], ids=["ahon_ln", "random"])
+def test_rows_are_independent_of_batching(model, tok, mode, policy):
     ids = _ids(tok)
-    alone = [generate_until(model, tok, [p], until=["\x00"], max_gen_toks=6, policy=POLICY, mode=mode) for p in ids]
-    together = generate_until(model, tok, ids, until=["\x00"], max_gen_toks=6, batch_size=3, policy=POLICY, mode=mode)
+    kw = dict(until=["\x00"], max_gen_toks=6, policy=policy, mode=mode)
+    alone = [generate_until(model, tok, [p], first_row=i, **kw) for i, p in enumerate(ids)]
+    together = generate_until(model, tok, ids, batch_size=3, **kw)
     assert together.tokens == [a.tokens[0] for a in alone]
     assert together.texts == [a.texts[0] for a in alone]
+    if policy.score == "random":  # each prompt draws its own heads: not those of whichever row it shared a batch with
+        first = [a.zeroed[0] for a in alone]
+        assert not torch.equal(first[0], first[1])
 
 
 def test_stop_strings_cut_the_text_and_stop_the_row(model, tok):

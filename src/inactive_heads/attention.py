@@ -123,6 +123,8 @@ def _output_only(
     """The attention output alone (any fused kernel), each KV head read in place: equal groups by SDPA's own GQA, an
     uneven pruned layout (``kv_index`` nondecreasing, see :mod:`inactive_heads._layout`) by one call per KV head.
     Copying K and V out to every query head would cost a decoding step over a long cache about as much as attention."""
+    if q.shape[1] == 0:  # every KV head left the cache (see generation's prompt mode): nothing to attend with
+        return q.new_zeros(*q.shape[:3], v.shape[-1])
     mask = None if allowed is None else additive_mask(allowed, torch.float32)
     causal = allowed is None and causal
     sdpa = torch.nn.functional.scaled_dot_product_attention

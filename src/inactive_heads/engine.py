@@ -223,6 +223,7 @@ class _Session:
         kept: list[torch.Tensor | None] | None = None,
         running: RunningStats | None = None,
         kv_heads: list[int] | None = None,
+        rows: Sequence[int] | None = None,
     ):
         self.layers = layers  # id(attention module) -> layer index
         self.n_layers = len(layers)
@@ -233,6 +234,7 @@ class _Session:
         self.record = record
         self.seed = seed
         self.running = running
+        self.row_ids = None if rows is None else list(rows)
         self.needs = (frozenset(RAW_STATS) if record else frozenset()) | (policy.needs if policy else frozenset())
         self.grams: dict[int, torch.Tensor] = {}
         self.rows_seen = 0
@@ -386,7 +388,10 @@ class _Session:
     def _random(self, layer: int, batch: int) -> torch.Tensor:
         # One generator per (seed, row, layer): a row's draws do not depend on how rows were batched.
         draws = []
-        for row in range(self.rows_seen, self.rows_seen + batch):
+        ids = range(self.rows_seen, self.rows_seen + batch) if self.row_ids is None else self.row_ids
+        if len(ids) != batch:
+            raise ValueError(f"watch(rows=) names {len(ids)} rows, but a forward has {batch}")
+        for row in ids:
             gen = torch.Generator().manual_seed(zlib.crc32(f"{self.seed}/{row}/{layer}".encode()))
             draws.append(torch.rand(self.n_heads, generator=gen))
         return torch.stack(draws)
@@ -550,12 +555,15 @@ def watch(
     *,
     record: bool = False,
     running: RunningStats | None = None,
+    rows: Sequence[int] | None = None,
 ) -> Iterator[Watch]:
     """Within the block, every forward of ``model`` records all scores (``record``) and/or applies ``policy``.
 
     The model's attention implementation is restored on exit. With ``record=True`` under a policy, the scores are
     those of the intervened forward. ``running``: decide (and record) on running means over this and earlier
-    forwards of the same batch, for decoding with a KV cache (see :class:`RunningStats`).
+    forwards of the same batch, for decoding with a KV cache (see :class:`RunningStats`). ``rows``: ids of the
+    rows of every forward in the block, which seed the ``random`` score's draws (default: rows counted from 0 over
+    the block's forwards), so one input draws the same wherever it is batched.
     """
     if not isinstance(model, PreTrainedModel):
         raise TypeError(f"expected a transformers PreTrainedModel, got {type(model).__name__}")
@@ -573,7 +581,7 @@ def watch(
     kept = [_layout.query_heads(m) for m in modules]
     kv_heads = [_layout.kv_count(m, _compat.kv_heads(model)) for m in modules]
     seed = policy.seed if policy else 0
-    session = _Session(layers, _compat.model_shape(model)[1], policy, record, seed, kept, running, kv_heads)
+    session = _Session(layers, _compat.model_shape(model)[1], policy, record, seed, kept, running, kv_heads, rows)
     with _compat.set_attn_implementation(model, IMPLEMENTATION):
         try:
             _SESSIONS.update(dict.fromkeys(layers, session))

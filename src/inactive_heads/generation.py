@@ -107,12 +107,15 @@ def generate_until(
     mode: Mode = "step",
     progress: bool | Callable[[int], Any] = False,
     drop_kv: bool = True,
+    first_row: int = 0,
 ) -> Generated:
     """Greedy-decode every token-id prompt until a stop string (see the module docstring for ``mode``).
 
     ``progress``: True for a tqdm bar over prompts (with its ETA), or a factory ``progress(total)`` of a tqdm-like
     bar. A per-row static mask (``policy.mask`` [prompts, layers, heads]) applies to the prompts in the order
-    given. ``drop_kv``: in prompt mode, cut the KV heads no row of a batch reads from its cache.
+    given. The ``random`` score draws per prompt: prompt ``i`` as row ``first_row + i`` of
+    :func:`~inactive_heads.engine.watch`, however it is batched. ``drop_kv``: in prompt mode, cut the KV heads no
+    row of a batch reads from its cache.
     """
     if mode not in MODES:
         raise ValueError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
@@ -146,7 +149,8 @@ def generate_until(
             chunk_policy = policy
             if policy is not None and policy.mask is not None and policy.mask.dim() == 3:  # one mask per prompt
                 chunk_policy = replace(policy, mask=policy.mask[chunk])
-            batch = _Batch(model, [prompts[i] for i in chunk], pad_id, chunk_policy, mode, drop_kv)
+            row_ids = [first_row + i for i in chunk]
+            batch = _Batch(model, [prompts[i] for i in chunk], row_ids, pad_id, chunk_policy, mode, drop_kv)
             for i, toks in zip(chunk, batch.run(tokenizer, stops, lookback, eos, max_gen_toks), strict=True):
                 tokens[i] = toks
             forwards += batch.forwards
@@ -171,6 +175,7 @@ class _Batch:
         self,
         model: PreTrainedModel,
         prompts: list[Sequence[int]],
+        rows: list[int],
         pad_id: int,
         policy: Policy | None,
         mode: Mode,
@@ -183,6 +188,7 @@ class _Batch:
         self.cache_kw = _compat.cache_kwarg(model)
         self.forwards = 0
         self.running = RunningStats() if mode == "running" else None
+        self.row_ids = rows  # the prompts' ids: the random score's draws
         self.zeroed: list[torch.Tensor] = []
         self.kv_bytes = self.kv_bytes_droppable = self.kv_bytes_dropped = 0
 
@@ -190,7 +196,7 @@ class _Batch:
         self.forwards += 1
         if policy is None:
             return self.model(**kwargs, logits_to_keep=1)
-        with watch(self.model, policy=policy, running=self.running) as w:
+        with watch(self.model, policy=policy, running=self.running, rows=self.row_ids) as w:
             out = self.model(**kwargs, logits_to_keep=1)
         assert w.zeroed is not None
         self.zeroed.append(w.zeroed)

@@ -86,6 +86,7 @@ class InactiveHeadsLM(HFLM):
             self._policy = self._make_policy(score, options["threshold"], options["target"], calibration_scores)
         n_layers, n_heads = _compat.model_shape(self.model)
         self._rows = 0
+        self._prompts = 0  # prompts decoded by generate_until so far: the random score's row ids
         self._zeroed_sum = torch.zeros(n_layers, n_heads, dtype=torch.long)
         self._watch: Watch | None = None
         self._uncounted: list[tuple[int, int]] = []  # rows of the current watch that are not counted
@@ -248,7 +249,9 @@ class InactiveHeadsLM(HFLM):
             gen = generate_until(
                 self.model, self.tokenizer, prompts, until=stop, max_gen_toks=max_length - width,
                 batch_size=len(prompts), policy=self._policy, mode=mode,  # type: ignore[arg-type]
+                first_row=self._prompts,
             )  # fmt: skip
+        self._prompts += len(prompts)
         if gen.zeroed is not None:
             self._rows += gen.zeroed.shape[0]
             self._zeroed_sum += gen.zeroed.sum(0)
