@@ -7,9 +7,9 @@ script is run again. Then:
 * ``bench_generation_cascade`` in ``bench/RESULTS.md``: per mode and cell, exact match, the share of items whose
   generated tokens equal the unintervened run's, where the others first diverge, and tokens/s against the mode's
   unintervened generation (the report's cascade table, :func:`inactive_heads.runstats.cascade_table`);
-* ``bench_generation_speed``: tokens/s of transformers' ``generate`` (batched, left-padded, greedy, the same
-  prompts, batch size and token budget) and of inactive-heads' unintervened generation, measured one after the other
-  in this process;
+* ``bench_generation_speed``: tokens/s of transformers' ``generate`` (batched, left-padded, greedy) and of
+  inactive-heads' generation without a policy and in each mode under AHON (LN), on ``--speed-prompts`` prompts
+  with ``--speed-tokens`` new tokens (``--recompute-tokens`` for ``recompute``), one after the other in this process;
 * a report over the runs in ``--out/report`` (its generation section is the same table).
 
     python bench/bench_generation.py --model FILE.gguf [--limit 20] [--max-gen-toks 128] [--modes step running]
@@ -37,33 +37,42 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def _speed(model, tok, args: argparse.Namespace) -> list[list[str]]:
-    """Tokens/s of transformers' generate and of generate_until (no policy), on the sweep's prompts."""
+    """Tokens/s of transformers' generate, of generate_until without a policy and of each mode under AHON (LN) at
+    the threshold that zeroes ``--speed-target`` of the heads on these prompts; each on the same prompts, batch size
+    and token budget, one after the other (``recompute`` on its own, smaller budget: it re-runs every prefix)."""
     task = get_task("gsm8k", args.data_dir)
-    items = subset(task.items, args.limit, 0)
-    config = ih.EvalConfig(limit=args.limit, data_dir=args.data_dir)
+    items = subset(task.items, args.speed_prompts, 0)
+    config = ih.EvalConfig(limit=args.speed_prompts, data_dir=args.data_dir)
     prompts = _encode(tok, _prompts(task, items, config.shots_for(task), config, tok))
     spec = task.generation
     assert spec is not None
-    ours = generate_until(
-        model, tok, prompts, until=spec.until, max_gen_toks=args.max_gen_toks, batch_size=args.batch_size
-    )
     pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
+    budget = args.speed_tokens
     new_tokens, start = 0, time.perf_counter()
     with torch.no_grad():
         for i in range(0, len(prompts), args.batch_size):
             ids, mask, _ = pad_left(prompts[i : i + args.batch_size], pad_id=pad)
             out = model.generate(
-                input_ids=ids, attention_mask=mask, max_new_tokens=args.max_gen_toks, do_sample=False,
+                input_ids=ids, attention_mask=mask, max_new_tokens=budget, do_sample=False,
                 pad_token_id=pad, stop_strings=list(spec.until), tokenizer=tok,
             )  # fmt: skip
             new_tokens += int((out[:, ids.shape[1] :] != pad).sum())
     hf_rate = new_tokens / (time.perf_counter() - start)
+    scores = ih.record_scores(model, None, prompts, batch_size=args.batch_size)["ahon_ln"]
+    threshold = ih.thresholds_from_cdf(scores, ih.SCORE_FUNCTIONS["ahon_ln"].inactive_when, [args.speed_target])[0]
+    policy = ih.Policy(score="ahon_ln", threshold=threshold)
     label = args.name or Path(args.model).stem
-    return [
-        [label, "transformers generate (KV cache)", f"{len(prompts)}", f"{hf_rate:.1f}", "1.00x"],
-        [label, "inactive-heads, no policy (step)", f"{len(prompts)}", f"{ours.tokens_per_s:.1f}",
-         f"{ours.tokens_per_s / hf_rate:.2f}x"],
-    ]  # fmt: skip
+    rows = [[label, "transformers generate (KV cache)", str(len(prompts)), str(budget), f"{hf_rate:.1f}", "1.00x"]]
+    runs = [("inactive-heads, no policy", None, "step", budget)]
+    runs += [(f"{m}, AHON (LN) at {args.speed_target:g}", policy, m, budget) for m in ("step", "running", "prompt")]
+    runs.append((f"recompute, AHON (LN) at {args.speed_target:g}", policy, "recompute", args.recompute_tokens))
+    for name, pol, mode, toks in runs:
+        got = generate_until(
+            model, tok, prompts, until=spec.until, max_gen_toks=toks, batch_size=args.batch_size, policy=pol, mode=mode
+        )
+        rows.append([label, name, str(len(prompts)), str(toks), f"{got.tokens_per_s:.1f}",
+                     f"{got.tokens_per_s / hf_rate:.2f}x"])  # fmt: skip
+    return rows
 
 
 def _write(run_dirs: list[Path], label: str, args: argparse.Namespace) -> None:
@@ -92,7 +101,12 @@ def main() -> None:
     parser.add_argument("--data-dir", type=Path, default=ROOT.parent / "shared" / "data")
     parser.add_argument("--out", type=Path, default=Path("/tmp/bench_generation"))
     parser.add_argument("--results", type=Path, default=RESULTS)
-    parser.add_argument("--no-speed", action="store_true", help="skip the transformers generate comparison")
+    parser.add_argument("--no-speed", action="store_true", help="skip the generation speed table")
+    parser.add_argument("--speed-only", action="store_true", help="only the generation speed table")
+    parser.add_argument("--speed-prompts", type=int, default=8, help="prompts of the speed table")
+    parser.add_argument("--speed-tokens", type=int, default=32, help="new tokens per prompt in the speed table")
+    parser.add_argument("--recompute-tokens", type=int, default=8, help="new tokens per prompt, recompute mode")
+    parser.add_argument("--speed-target", type=float, default=0.1, help="fraction of heads the policy zeroes")
     parser.add_argument("--write", action="store_true", help="only render the cells stored so far")
     args = parser.parse_args()
 
@@ -103,15 +117,16 @@ def main() -> None:
         _write(run_dirs, label, args)
         return
     model, tok = ih.load_model(args.model)
-    for mode, run_dir in zip(args.modes, run_dirs, strict=True):
+    for mode, run_dir in zip([] if args.speed_only else args.modes, run_dirs, strict=False):
         ih.sweep(
             model, tok, "gsm8k", run_dir, scores=args.scores.split(","), targets=args.targets, limit=args.limit,
             max_gen_toks=args.max_gen_toks, generation_mode=mode, batch_size=args.batch_size, data_dir=args.data_dir,
             model_name=label,
         )  # fmt: skip
-    _write(run_dirs, label, args)
+    if not args.speed_only:
+        _write(run_dirs, label, args)
     if not args.no_speed:
-        speed_header = ["model", "generation", "prompts", "new tokens/s", "vs transformers generate"]
+        speed_header = ["model", "generation", "prompts", "max new tokens", "new tokens/s", "vs transformers generate"]
         update_table("bench_generation_speed", speed_header, _speed(model, tok, args), key=2, path=args.results)
 
 
