@@ -155,7 +155,7 @@ def generate_until(
                 tokens[i] = toks
             forwards += batch.forwards
             zeroed += batch.zeroed
-            kv = [a + b for a, b in zip(kv, batch.kv_counts(), strict=True)]
+            kv = [a + b for a, b in zip(kv, batch.kv, strict=True)]
             if bar is not None:
                 bar.update(len(chunk))
     finally:
@@ -190,7 +190,7 @@ class _Batch:
         self.running = RunningStats() if mode == "running" else None
         self.row_ids = rows  # the prompts' ids: the random score's draws
         self.zeroed: list[torch.Tensor] = []
-        self.kv_bytes = self.kv_bytes_droppable = self.kv_bytes_dropped = 0
+        self.kv = (0, 0, 0)  # Generated's kv_bytes, kv_bytes_droppable, kv_bytes_dropped
 
     def _forward(self, policy: Policy | None, **kwargs: Any) -> Any:
         self.forwards += 1
@@ -242,11 +242,8 @@ class _Batch:
                     steps, input_ids=ids, attention_mask=mask, position_ids=real_positions(mask), use_cache=False
                 )
         if cached:
-            self._count_kv([n + len(g) - 1 for n, g in zip(self.lengths, gen, strict=True)])
+            self.kv = self._count_kv([n + len(g) - 1 for n, g in zip(self.lengths, gen, strict=True)])
         return gen
-
-    def kv_counts(self) -> tuple[int, int, int]:
-        return self.kv_bytes, self.kv_bytes_droppable, self.kv_bytes_dropped
 
     def _kv_read(self, zeroed: torch.Tensor) -> list[torch.Tensor]:
         """Per layer, bool [B, the layer's KV heads]: which KV heads each row reads under per-row ``zeroed`` [B, L, H]
@@ -269,7 +266,7 @@ class _Batch:
             if not batch_reads.all():
                 _compat.keep_cache_heads(cache, layer, batch_reads.nonzero().flatten().to(self.device))
 
-    def _count_kv(self, positions: list[int]) -> None:
+    def _count_kv(self, positions: list[int]) -> tuple[int, int, int]:
         """Bytes of the final cache over real positions (``kv_bytes``, every KV head), of the KV heads a row never
         reads after its prompt (prompt mode; ``kv_bytes_droppable``), and of those the cache dropped, as no row of the
         batch reads them (``kv_bytes_dropped``)."""
@@ -280,14 +277,13 @@ class _Batch:
         real = torch.tensor(positions, dtype=torch.float64)
         n_kv = _compat.kv_heads(self.model)
         stored = sum(_layout.kv_count(m, n_kv) for m in attention_modules(self.model))
-        self.kv_bytes = int(real.sum() * stored * per_position)
-        if self.mode == "prompt" and self.zeroed:
-            read = self._kv_read(self.zeroed[0])
-            unread = torch.stack([(~r).sum(1) for r in read]).sum(0).double()  # [B]
-            self.kv_bytes_droppable = int((unread * real).sum() * per_position)
-            if self.drop_kv:
-                dropped = sum(int((~r.any(0)).sum()) for r in read)
-                self.kv_bytes_dropped = int(dropped * real.sum() * per_position)
+        total = int(real.sum() * stored * per_position)
+        if self.mode != "prompt" or not self.zeroed:
+            return total, 0, 0
+        read = self._kv_read(self.zeroed[0])
+        unread = torch.stack([(~r).sum(1) for r in read]).sum(0).double()  # [B]
+        dropped = sum(int((~r.any(0)).sum()) for r in read) if self.drop_kv else 0
+        return total, int((unread * real).sum() * per_position), int(dropped * real.sum() * per_position)
 
 
 def cascade(baseline: Sequence[Sequence[int]], intervened: Sequence[Sequence[int]]) -> dict[str, Any]:
