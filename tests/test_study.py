@@ -174,6 +174,8 @@ def test_a_study_of_some_models_reports_every_calibrated_run(local_run, workspac
     shutil.copytree(local_run.out, out, copy_function=shutil.copy2)
     for run in (out / "runs").glob("qwen--*"):
         shutil.rmtree(run)
+    nothing = ih.study(_study_file(workspace), out, models=(), progress=False)  # --report-only
+    assert nothing.computed == nothing.calibrated == 0 and nothing.report is not None
     first = ih.study(_study_file(workspace, targets="[0.25, 0.5]"), out, models=["llama"], progress=False)
     assert first.calibrated == 0 and first.computed == 2 * 2  # llama's new target only; qwen is not run
     assert not list((out / "runs").glob("qwen--*"))

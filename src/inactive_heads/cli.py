@@ -180,8 +180,9 @@ def _cmd_study(args: argparse.Namespace) -> None:
     from .study import study
 
     result = study(
-        args.study, args.out, executor=args.executor, address=args.address, limit=args.limit, models=args.models
-    )
+        args.study, args.out, executor=args.executor, address=args.address, limit=args.limit,
+        models=() if args.report_only else args.models,
+    )  # fmt: skip
     print(
         f"study {result.out}: {result.cells} cells of {len(result.runs)} runs ({result.computed} evaluated now, "
         f"{result.reused} already stored; {result.calibrated} calibrations) in {result.seconds / 60:.1f} min"
@@ -434,8 +435,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--limit", type=_count(1), default=None, help="at most N items per task (a quick reduced study)")
     p.add_argument(
         "--models", nargs="+", default=None, metavar="NAME",
-        help="run only these models of the study (the report covers every calibrated run)",
+        help="run only these models of the study (the report covers every run with a stored baseline)",
     )  # fmt: skip
+    p.add_argument("--report-only", action="store_true", help="run nothing; write the report of what is stored")
     p.set_defaults(fn=_cmd_study)
 
     p = add("prune", "remove the heads a calibration finds most often inactive; measure size, speed and accuracy")

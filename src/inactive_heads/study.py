@@ -225,9 +225,10 @@ def study(
     ``executor``: a registered executor name (``local``, ``ray``) or an :class:`~inactive_heads.executors.Executor`;
     ``address``: the Ray cluster to join (default: a local Ray instance). ``limit``: evaluate and calibrate on at
     most that many items per task (a quick, reduced study). ``models``: run only these models' calibrations and
-    cells (the report still covers every calibrated run of the study). Rerunning resumes: stored calibrations and
-    cells are kept and only missing ones run; a model with nothing missing is not even loaded. A changed study
-    keeps the cells still part of it and adds the rest; the report shows only the current study's cells.
+    cells (``()``: none, only the report). The report covers every run of the study whose baseline is stored.
+    Rerunning resumes: stored calibrations and cells are kept and only missing ones run; a model with nothing
+    missing is not even loaded. A changed study keeps the cells still part of it and adds the rest; the report
+    shows only the current study's cells.
     """
     t0 = time.perf_counter()
     spec = study if isinstance(study, Study) else load_study(study)
@@ -294,17 +295,19 @@ def study(
     if report:
         from .report import write_study_report
 
-        for r in runs:  # runs of models not run now: shown once calibrated
+        for r in runs:  # runs of models not run now: shown once their baseline is stored
             if r.dir not in plan.keys and RunDir(r.dir).read_meta() is not None:
                 scores, targets = spec.scores_of(r.task), spec.targets_of(r.task)
                 plan.keys[r.dir] = [c.key for c in plan_cells(r.dir, scores=scores, targets=targets)]
-        _, report_path = write_study_report(
-            [(r.dir, plan.keys[r.dir]) for r in runs if r.dir in plan.keys],
-            out / "report",
-            title=f"Study {spec.name}",
-            pairs=spec.pairs,
-            series=spec.series,
-        )
+        shown = [r for r in runs if r.dir in plan.keys and RunDir(r.dir).cell_store().has(plan.keys[r.dir][0])]
+        if shown:
+            _, report_path = write_study_report(
+                [(r.dir, plan.keys[r.dir]) for r in shown],
+                out / "report",
+                title=f"Study {spec.name}",
+                pairs=spec.pairs,
+                series=spec.series,
+            )
     return StudyResult(
         out=out,
         runs={(r.model.name, r.task.name): r.dir for r in runs},
