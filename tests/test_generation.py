@@ -118,10 +118,11 @@ def test_prompt_mode_drops_unread_kv_heads_and_generates_the_same(arch, tok):
     n_kv = 4 if arch == "gpt2" else 2
     per_head = dropped.kv_bytes // (3 * n_kv)  # every layer keeps n_kv heads over the same real positions
     assert dropped.kv_bytes == kept.kv_bytes and dropped.kv_bytes_droppable == kept.kv_bytes_droppable
-    # The batch drops layer 0's first KV head and, under GPT-2's one KV head per query head, layer 2's last too.
-    assert dropped.kv_bytes_dropped == (3 if arch == "gpt2" else 1) * per_head
-    assert dropped.kv_bytes_dropped < dropped.kv_bytes_droppable < dropped.kv_bytes  # row 0 leaves more unread
-    alone = generate_until(model, tok, ids, **{**kw, "batch_size": 1})  # one row per batch: every unread head goes
+    # Every row leaves layer 0's first KV head unread (under GPT-2's one KV head per query head, layer 2's last
+    # too); row 0 leaves more. The cache cuts each row's own.
+    assert dropped.kv_bytes_dropped == dropped.kv_bytes_droppable
+    assert (3 if arch == "gpt2" else 1) * per_head < dropped.kv_bytes_dropped < dropped.kv_bytes
+    alone = generate_until(model, tok, ids, **{**kw, "batch_size": 1})
     assert alone.tokens == dropped.tokens
     assert alone.kv_bytes_dropped == alone.kv_bytes_droppable == dropped.kv_bytes_droppable
     assert kept.kv_bytes_dropped == 0
@@ -146,8 +147,9 @@ def test_prompt_mode_drops_kv_heads_of_a_pruned_model(tok):
     assert dropped.kv_bytes_dropped == dropped.kv_bytes_droppable == dropped.kv_bytes // 6  # 1 of 6 KV heads
 
 
-def test_a_dropped_cache_holds_only_the_heads_some_row_reads(model, tok):
-    """The cache after the prompt's pass is cut to the KV heads the batch reads, and stays so while decoding."""
+def test_a_cut_cache_holds_only_what_each_row_reads(model, tok):
+    """After the prompt's pass the cache holds, per layer, the (row, KV head) pairs still read, as single-head rows,
+    and stays so while decoding."""
     from inactive_heads import _compat
     from inactive_heads.generation import _Batch
 
@@ -165,17 +167,22 @@ def test_a_dropped_cache_holds_only_the_heads_some_row_reads(model, tok):
     batch.run(tok, ["\x00never"], 3, {2}, 4)
     width = batch.ids.shape[1]
     assert caches[0] == [(3, 2, width, 8)] * 3  # the prompt's pass, before the cut
-    for step, shapes in enumerate(caches[1:], start=1):  # KV heads: layer 0 keeps 1, layers 1 and 2 keep both
-        assert shapes == [(3, 1, width + step, 8), (3, 2, width + step, 8), (3, 2, width + step, 8)]
+    for step, shapes in enumerate(caches[1:], start=1):
+        # Layer 0: each row's second KV head; layer 1: uncut; layer 2: both KV heads of rows 1 and 2, one of row 0.
+        assert shapes == [(3, 1, width + step, 8), (3, 2, width + step, 8), (5, 1, width + step, 8)]
 
 
-def test_a_layer_with_every_head_zeroed_keeps_no_kv_head(model, tok):
+@pytest.mark.parametrize("layer", [0, 1])
+def test_a_layer_no_row_reads_keeps_one_pair(model, tok, layer):
+    """transformers reads the cache's length from a layer's size (layer 0's for positions), so one pair stays."""
     mask = torch.zeros(3, 4, dtype=torch.bool)
-    mask[1] = True
+    mask[layer] = True
     kw = dict(until=["\x00never"], max_gen_toks=5, batch_size=3, policy=Policy(mask=mask), mode="prompt")
     dropped = generate_until(model, tok, _ids(tok), **kw)
     assert dropped.tokens == generate_until(model, tok, _ids(tok), drop_kv=False, **kw).tokens
-    assert dropped.kv_bytes_dropped == dropped.kv_bytes // 3  # layer 1's two KV heads of six
+    assert dropped.tokens == [_naive(model, p, 5, Policy(mask=mask)) for p in _ids(tok)]
+    assert dropped.kv_bytes_droppable == dropped.kv_bytes // 3  # the layer's two KV heads of six, in every row
+    assert dropped.kv_bytes_droppable // 2 < dropped.kv_bytes_dropped < dropped.kv_bytes_droppable  # 5 pairs of 6
 
 
 def test_a_dropped_cache_refuses_another_mask(model, tok):
@@ -185,13 +192,16 @@ def test_a_dropped_cache_refuses_another_mask(model, tok):
     with torch.no_grad():
         out = model(torch.tensor(ids), use_cache=True)
     cache = output_cache(out)
-    _compat.keep_cache_heads(cache, 0, torch.tensor([1]))
+    _compat.keep_cache_pairs(cache, 0, torch.tensor([0]), torch.tensor([1]))
     step = dict(input_ids=torch.tensor([[5]]), use_cache=True, **{cache_kwarg(model): cache})
-    with pytest.raises(ValueError, match="KV cache holds 1 of its 2 KV heads"), watch(model, record=True):
+    cut = r"holds \(1, 1\) \(rows, KV heads\) for a batch of 1 rows and 2 KV heads"
+    with pytest.raises(ValueError, match=cut), watch(model, record=True):
         model(**step)
     unmasked = Policy(mask=torch.zeros(3, 4, dtype=torch.bool))
-    with pytest.raises(ValueError, match="holds 1 KV heads, but this mask reads 2"), watch(model, unmasked):
+    with pytest.raises(ValueError, match="holds 1 pairs, but this mask reads 2"), watch(model, unmasked):
         model(**step)
+    with pytest.raises(ValueError, match="already holds a subset"):
+        _compat.keep_cache_pairs(cache, 0, torch.tensor([0]), torch.tensor([0]))
 
 
 @pytest.mark.parametrize("arch", ["llama", "gemma2", "gpt2"])

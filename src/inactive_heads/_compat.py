@@ -132,34 +132,36 @@ def set_cache_states(cache: Any, states: list[tuple[torch.Tensor, torch.Tensor]]
         layer.keys, layer.values = keys, values
 
 
-_SOME_HEADS_LAYERS: dict[type, type] = {}
+_PAIRS_LAYERS: dict[type, type] = {}
 
 
-def _some_heads_layer(layer_class: type) -> type:
-    """``layer_class`` (a transformers cache layer class) storing only the KV heads ``inactive_heads_kv`` (long,
-    ascending) of every state it is given: a subclass, as transformers tells layer kinds apart by isinstance."""
-    if layer_class not in _SOME_HEADS_LAYERS:
+def _pairs_layer(layer_class: type) -> type:
+    """``layer_class`` (a transformers cache layer class) storing only the (row, KV head) pairs ``inactive_heads_pairs``
+    of every state it is given, as [pairs, 1, length, head_dim]: a subclass, as transformers tells layer kinds apart
+    by isinstance."""
+    if layer_class not in _PAIRS_LAYERS:
 
-        class SomeHeads(layer_class):
+        class Pairs(layer_class):
             def update(self, keys: torch.Tensor, values: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
-                heads = self.inactive_heads_kv
-                return super().update(keys.index_select(1, heads), values.index_select(1, heads), *args, **kwargs)
+                rows, heads = self.inactive_heads_pairs
+                return super().update(keys[rows, heads][:, None], values[rows, heads][:, None], *args, **kwargs)
 
-        SomeHeads.__name__ = SomeHeads.__qualname__ = f"SomeHeads{layer_class.__name__}"
-        _SOME_HEADS_LAYERS[layer_class] = SomeHeads
-    return _SOME_HEADS_LAYERS[layer_class]
+        Pairs.__name__ = Pairs.__qualname__ = f"Pairs{layer_class.__name__}"
+        _PAIRS_LAYERS[layer_class] = Pairs
+    return _PAIRS_LAYERS[layer_class]
 
 
-def keep_cache_heads(cache: Any, layer: int, heads: torch.Tensor) -> None:
-    """From now on, layer ``layer`` of a (dynamic) KV cache holds only KV heads ``heads`` (long, ascending): those
-    already stored are cut and freed, and later states are cut before they are appended."""
+def keep_cache_pairs(cache: Any, layer: int, rows: torch.Tensor, heads: torch.Tensor) -> None:
+    """From now on, layer ``layer`` of a (dynamic) KV cache holds only the states of KV head ``heads[i]`` of batch
+    row ``rows[i]``, as a batch of single-head rows [pairs, 1, length, head_dim]: those already stored are cut and
+    freed, and later states are cut before they are appended."""
     state = cache.layers[layer]
-    if hasattr(state, "inactive_heads_kv"):
-        raise ValueError(f"cache layer {layer} already holds a subset of KV heads")
-    state.keys = state.keys.index_select(1, heads)
-    state.values = state.values.index_select(1, heads)
-    state.inactive_heads_kv = heads
-    state.__class__ = _some_heads_layer(type(state))
+    if hasattr(state, "inactive_heads_pairs"):
+        raise ValueError(f"cache layer {layer} already holds a subset of its states")
+    state.keys = state.keys[rows, heads][:, None]
+    state.values = state.values[rows, heads][:, None]
+    state.inactive_heads_pairs = (rows, heads)
+    state.__class__ = _pairs_layer(type(state))
 
 
 def text_config(model: PreTrainedModel) -> PretrainedConfig:

@@ -62,6 +62,16 @@ def kv_heads_read(zeroed: torch.Tensor, reads: torch.Tensor, n_kv: int) -> torch
     return count.index_add_(1, reads.to(zeroed.device), live) > 0
 
 
+def cache_pairs(read: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The (row, KV head) pairs a cut KV cache keeps, given ``read`` (bool [B, n_kv], see :func:`kv_heads_read`):
+    rows [N] and heads [N], KV head by KV head. At least one pair stays: transformers reads a cache layer's length
+    from its size."""
+    heads, rows = read.T.nonzero(as_tuple=True)
+    if len(rows) == 0:
+        rows = heads = torch.zeros(1, dtype=torch.long, device=read.device)
+    return rows, heads
+
+
 def set_layout(module: torch.nn.Module, query_heads: torch.Tensor, kv_index: torch.Tensor) -> None:
     """Record that ``module`` keeps original query heads ``query_heads``, reading KV heads ``kv_index``."""
     if query_heads.shape != kv_index.shape or query_heads.dim() != 1:

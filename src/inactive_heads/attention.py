@@ -38,7 +38,7 @@ _CAUSAL_ANSWERS: dict[int, tuple[weakref.ref[torch.Tensor], tuple[int, torch.Siz
 
 
 @dataclass
-class _Rows:
+class Rows:
     """Real positions of each row: real_q [B,S], real_k [B,T]; first_k, last_q, n_q, n_k [B]."""
 
     real_q: torch.Tensor
@@ -66,7 +66,7 @@ def _causal(kv_len: int, start: int, stop: int, device: torch.device) -> torch.T
 
 def _rows(
     allowed: torch.Tensor | None, batch: int, q_len: int, kv_len: int, causal: bool, device: torch.device
-) -> _Rows:
+) -> Rows:
     if allowed is None:
         real_q = torch.ones(batch, q_len, dtype=torch.bool, device=device)
         reach = q_len if causal else kv_len
@@ -77,7 +77,7 @@ def _rows(
         real_k = (allowed[:, 0] & real_q[:, :, None]).any(dim=1)
     first_k = torch.where(real_k.any(1), real_k.float().argmax(1), 0)
     last_q = q_len - 1 - real_q.flip(1).float().argmax(1)
-    return _Rows(real_q, real_k, first_k, last_q, real_q.sum(1).clamp(min=1), real_k.sum(1).clamp(min=1))
+    return Rows(real_q, real_k, first_k, last_q, real_q.sum(1).clamp(min=1), real_k.sum(1).clamp(min=1))
 
 
 def _masked_mean(x: torch.Tensor, real: torch.Tensor, n: torch.Tensor) -> torch.Tensor:
@@ -123,8 +123,6 @@ def _output_only(
     """The attention output alone (any fused kernel), each KV head read in place: equal groups by SDPA's own GQA, an
     uneven pruned layout (``kv_index`` nondecreasing, see :mod:`inactive_heads._layout`) by one call per KV head.
     Copying K and V out to every query head would cost a decoding step over a long cache about as much as attention."""
-    if q.shape[1] == 0:  # every KV head left the cache (see generation's prompt mode): nothing to attend with
-        return q.new_zeros(*q.shape[:3], v.shape[-1])
     mask = None if allowed is None else additive_mask(allowed, torch.float32)
     causal = allowed is None and causal
     sdpa = torch.nn.functional.scaled_dot_product_attention
@@ -190,7 +188,7 @@ def attention_with_stats(
     gram: torch.Tensor | None = None,
     is_causal: bool = True,
     kv_index: torch.Tensor | None = None,
-) -> tuple[torch.Tensor, LayerStats, _Rows]:
+) -> tuple[torch.Tensor, LayerStats, Rows]:
     """Attention of query [B,H,S,D] over key/value [B,Hkv,T,D] plus the raw statistics in ``needs``.
 
     Returns the float32 output [B,H,S,Dv] (before the output projection), the statistics (float32 [B,H] each;
@@ -272,3 +270,35 @@ def attention_with_stats(
         quad = torch.linalg.vecdot(out @ gram, out)
         stats.fhon = _masked_mean(quad.clamp(min=0).sqrt(), rows.real_q, rows.n_q)
     return out, stats, rows
+
+
+def output_of_pairs(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    *,
+    scale: float,
+    softcap: float | None,
+    is_causal: bool,
+    reads: torch.Tensor,
+    rows: torch.Tensor,
+    heads: torch.Tensor,
+) -> torch.Tensor:
+    """The float32 attention output [B,H,S,Dv] of query [B,H,S,D] over a KV cache cut to (row, KV head) pairs:
+    key/value [N,1,T,D] hold KV head ``heads[i]`` of row ``rows[i]``, KV head by KV head (see
+    :func:`inactive_heads._layout.cache_pairs`); ``reads`` [H] names each query head's KV head. A query head whose
+    row does not keep its KV head outputs zeros."""
+    batch, n_heads, q_len, _ = query.shape
+    out = query.new_zeros(batch, n_heads, q_len, value.shape[-1], dtype=torch.float32)
+    for kv in heads.unique().tolist():
+        pairs = (heads == kv).nonzero().flatten()
+        row = rows[pairs]
+        q_heads = (reads == kv).nonzero().flatten()
+        mask = None if attention_mask is None else attention_mask[row]
+        part, _, _ = attention_with_stats(
+            query[row][:, q_heads], key[pairs], value[pairs], mask, scale=scale, needs=frozenset(), softcap=softcap,
+            is_causal=is_causal,
+        )  # fmt: skip
+        out[row[:, None], q_heads[None, :]] = part
+    return out

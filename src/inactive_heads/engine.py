@@ -29,7 +29,7 @@ from transformers import PreTrainedModel
 
 from . import _compat, _layout
 from ._tensors import inverse_permutation, pad_right
-from .attention import attention_with_stats
+from .attention import Rows, attention_with_stats, output_of_pairs
 from .scores import RAW_STATS, SCORE_FUNCTIONS, HeadScores, LayerStats, ScoreSpec
 
 __all__ = ["Policy", "RunningStats", "Watch", "record_scores", "watch", "zero_heads"]
@@ -229,7 +229,7 @@ class _Session:
         self.n_layers = len(layers)
         self.n_heads = n_heads
         self.kept = kept if kept is not None else [None] * self.n_layers  # per layer: original heads left, or all
-        self.kv_heads = kv_heads  # per layer: the module's KV heads (a cache holding fewer dropped unread ones)
+        self.kv_heads = kv_heads  # per layer: the module's KV heads (a cut cache holds other shapes)
         self.policy = policy
         self.record = record
         self.seed = seed
@@ -274,29 +274,30 @@ class _Session:
         needs = self.needs - {"random"}
         gram = self._gram(module, query.shape[1], value.shape[-1], value.device) if "fhon" in needs else None
         static = self._static_zero(layer, batch, kept, query.device)
-        kv_index, live = _layout.kv_index(module), None
-        if self.kv_heads is not None and key.shape[1] < self.kv_heads[layer]:
-            kv_index, live = self._unread_kv_dropped(module, layer, static, key.shape[1], needs)
-            query = query[:, live]
-        out, stats, rows = attention_with_stats(
-            query,
-            key,
-            value,
-            mask,
-            scale=scale,
-            needs=needs,
-            softcap=softcap,
-            gram=gram,
-            is_causal=is_causal,
-            kv_index=kv_index,
-        )
-        if live is not None:  # heads whose KV head left the cache output zeros (they are zeroed below anyway)
-            out = out.new_zeros(batch, len(live), *out.shape[2:]).index_copy_(1, live.nonzero().flatten(), out)
+        rows: Rows | None = None
+        if self.kv_heads is not None and (key.shape[0], key.shape[1]) != (batch, self.kv_heads[layer]):
+            out = self._attend_cut_cache(module, layer, static, query, key, value, mask, scale, softcap, is_causal)
+            stats = LayerStats()
+        else:
+            out, stats, rows = attention_with_stats(
+                query,
+                key,
+                value,
+                mask,
+                scale=scale,
+                needs=needs,
+                softcap=softcap,
+                gram=gram,
+                is_causal=is_causal,
+                kv_index=_layout.kv_index(module),
+            )
         if "random" in self.needs:
             draws = self._random(layer, batch)  # drawn for every original head: a head's draw survives pruning
             stats.random = (draws if kept is None else draws[:, kept.cpu()]).to(out.device)
-        computed, finite = _finite_flags(stats, rows.real_q.any(1))
+        real = rows.real_q.any(1) if rows is not None else torch.ones(batch, dtype=torch.bool, device=out.device)
+        computed, finite = _finite_flags(stats, real)
         if self.running is not None:
+            assert rows is not None  # refused above with a cut cache
             self.running.update(layer, stats, rows.n_q)
 
         zero = None
@@ -366,24 +367,37 @@ class _Session:
         zero = static[layer].expand(batch, -1) if static.dim() == 2 else static[:, layer]
         return zero if kept is None else zero[:, kept.to(zero.device)]  # the mask is in the original indexing
 
-    def _unread_kv_dropped(
-        self, module: torch.nn.Module, layer: int, zero: torch.Tensor | None, cached: int, needs: frozenset[str]
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """For a KV cache that holds only the KV heads ``zero`` leaves read (see ``generation``'s prompt mode): the
-        KV index of the query heads still reading one, and which those are (bool [heads the module has])."""
+    def _attend_cut_cache(
+        self,
+        module: torch.nn.Module,
+        layer: int,
+        static: torch.Tensor | None,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        mask: torch.Tensor | None,
+        scale: float,
+        softcap: float | None,
+        is_causal: bool,
+    ) -> torch.Tensor:
+        """Attention over a KV cache cut to the (row, KV head) pairs the static mask ``static`` leaves read
+        (generation's prompt mode; :func:`~inactive_heads._layout.cache_pairs`)."""
         assert self.kv_heads is not None
         n_kv = self.kv_heads[layer]
-        if zero is None or needs:
+        if static is None or self.needs or self.running is not None:
             raise ValueError(
-                f"layer {layer}'s KV cache holds {cached} of its {n_kv} KV heads: a cache without the unread heads "
-                "works only under the static mask that left them unread, without recording scores"
+                f"layer {layer}'s KV cache holds {tuple(key.shape[:2])} (rows, KV heads) for a batch of "
+                f"{query.shape[0]} rows and {n_kv} KV heads: a cut cache works only under the static mask that cut "
+                "it, without recording or running statistics"
             )
-        reads = _layout.reads(module, zero.shape[1], n_kv)
-        read = _layout.kv_heads_read(zero, reads, n_kv).any(0)
-        if int(read.sum()) != cached:
-            raise ValueError(f"layer {layer}'s KV cache holds {cached} KV heads, but this mask reads {int(read.sum())}")
-        live = read[reads]
-        return (read.cumsum(0) - 1)[reads[live]], live
+        reads = _layout.reads(module, query.shape[1], n_kv)
+        rows, heads = _layout.cache_pairs(_layout.kv_heads_read(static, reads, n_kv))
+        if len(rows) != key.shape[0]:
+            raise ValueError(f"layer {layer}'s KV cache holds {key.shape[0]} pairs, but this mask reads {len(rows)}")
+        return output_of_pairs(
+            query, key, value, mask, scale=scale, softcap=softcap, is_causal=is_causal, reads=reads, rows=rows,
+            heads=heads,
+        )  # fmt: skip
 
     def _random(self, layer: int, batch: int) -> torch.Tensor:
         # One generator per (seed, row, layer): a row's draws do not depend on how rows were batched.

@@ -15,11 +15,10 @@ Under a policy, ``mode`` says what each zeroing decision sees:
   (:class:`~inactive_heads.engine.RunningStats`): the paper's statistics without re-running the sequence, exact
   while no head has been zeroed, and computed from each position's own step after that.
 - ``"prompt"``: with a KV cache; the prompt's pass decides, per row, and those heads stay zeroed for every generated
-  token. A KV head all of whose query heads a row zeroed is never read by that row again. The batch's cache is one
-  dense tensor per layer, so it drops (``drop_kv``) the KV heads that no row of the batch reads: every row's at
-  ``batch_size=1``. ``Generated`` counts, over the final cache's real positions, the bytes of every KV head
-  (``kv_bytes``), of those each row leaves unread (``kv_bytes_droppable``) and of those dropped
-  (``kv_bytes_dropped``).
+  token. A KV head all of whose query heads a row zeroed is never read by that row again, so after the prompt's
+  pass the cache keeps (``drop_kv``) only the (row, KV head) pairs still read, as a batch of single-head rows per
+  layer. ``Generated`` counts, over the final cache's real positions, the bytes of every KV head (``kv_bytes``), of
+  those each row leaves unread (``kv_bytes_droppable``) and of those cut (``kv_bytes_dropped``).
 """
 
 from __future__ import annotations
@@ -114,8 +113,8 @@ def generate_until(
     ``progress``: True for a tqdm bar over prompts (with its ETA), or a factory ``progress(total)`` of a tqdm-like
     bar. A per-row static mask (``policy.mask`` [prompts, layers, heads]) applies to the prompts in the order
     given. The ``random`` score draws per prompt: prompt ``i`` as row ``first_row + i`` of
-    :func:`~inactive_heads.engine.watch`, however it is batched. ``drop_kv``: in prompt mode, cut the KV heads no
-    row of a batch reads from its cache.
+    :func:`~inactive_heads.engine.watch`, however it is batched. ``drop_kv``: in prompt mode, cut from the cache the
+    KV heads each row never reads.
     """
     if mode not in MODES:
         raise ValueError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
@@ -258,18 +257,18 @@ class _Batch:
         return read
 
     def _drop_unread(self, cache: Any, zeroed: torch.Tensor) -> None:
-        """Prompt mode: cut from the cache every KV head no row of the batch reads again."""
+        """Prompt mode: cut from the cache, row by row, every KV head that row never reads again."""
         if not self.drop_kv:
             return
         for layer, read in enumerate(self._kv_read(zeroed)):
-            batch_reads = read.any(0)
-            if not batch_reads.all():
-                _compat.keep_cache_heads(cache, layer, batch_reads.nonzero().flatten().to(self.device))
+            if not read.all():
+                rows, heads = _layout.cache_pairs(read.to(self.device))
+                _compat.keep_cache_pairs(cache, layer, rows, heads)
 
     def _count_kv(self, positions: list[int]) -> tuple[int, int, int]:
-        """Bytes of the final cache over real positions (``kv_bytes``, every KV head), of the KV heads a row never
-        reads after its prompt (prompt mode; ``kv_bytes_droppable``), and of those the cache dropped, as no row of the
-        batch reads them (``kv_bytes_dropped``)."""
+        """Bytes of the final cache over real positions: of every KV head (``kv_bytes``), of the KV heads a row never
+        reads after its prompt (prompt mode; ``kv_bytes_droppable``) and of those cut from the cache
+        (``kv_bytes_dropped``: the same, less the one pair kept in a layer no row reads)."""
         config = _compat.text_config(self.model)
         heads = _compat.model_shape(self.model)[1]
         head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
@@ -280,10 +279,13 @@ class _Batch:
         total = int(real.sum() * stored * per_position)
         if self.mode != "prompt" or not self.zeroed:
             return total, 0, 0
-        read = self._kv_read(self.zeroed[0])
-        unread = torch.stack([(~r).sum(1) for r in read]).sum(0).double()  # [B]
-        dropped = sum(int((~r.any(0)).sum()) for r in read) if self.drop_kv else 0
-        return total, int((unread * real).sum() * per_position), int(dropped * real.sum() * per_position)
+        unread = dropped = torch.zeros(len(positions), dtype=torch.float64)
+        for read in self._kv_read(self.zeroed[0]):
+            unread = unread + (~read).sum(1)
+            if self.drop_kv and not read.all():
+                kept = torch.zeros_like(read).index_put_(_layout.cache_pairs(read), torch.tensor(True))
+                dropped = dropped + (~kept).sum(1)
+        return total, int((unread * real).sum() * per_position), int((dropped * real).sum() * per_position)
 
 
 def cascade(baseline: Sequence[Sequence[int]], intervened: Sequence[Sequence[int]]) -> dict[str, Any]:
