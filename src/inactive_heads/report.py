@@ -194,7 +194,8 @@ def _cascade_section(doc: Document, runs: Sequence[RunData]) -> None:
         "Exact match (strict-match) per generation mode and cell; % identical: items whose generated tokens equal "
         "the unintervened run's; first divergence: the first generated token that differs, over the other items; "
         "tokens/s against the same mode's unintervened generation; prompt mode's KV cache: the share of its bytes "
-        "each row never reads after the prompt, and the share cut from the cache (the heads no row of a batch reads)."
+        "each row never reads after the prompt, and the share cut from the cache (the same, less one pair kept in a "
+        "layer that no row reads)."
     )
     for (name, task), table in tables:
         doc.h(3, f"{name} — {task}")
