@@ -38,8 +38,9 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def _speed(model, tok, args: argparse.Namespace) -> list[list[str]]:
     """Tokens/s of transformers' generate, of generate_until without a policy and of each mode under AHON (LN) at
-    the threshold that zeroes ``--speed-target`` of the heads on these prompts; each on the same prompts, batch size
-    and token budget, one after the other (``recompute`` on its own, smaller budget: it re-runs every prefix)."""
+    the threshold that zeroes ``--speed-target`` of the heads on these prompts; each on the same prompts and batch
+    size, one after the other, against transformers' generate with the same token budget (``recompute``, which re-runs
+    every prefix, has its own smaller budget)."""
     task = get_task("gsm8k", args.data_dir)
     items = subset(task.items, args.speed_prompts, 0)
     config = ih.EvalConfig(limit=args.speed_prompts, data_dir=args.data_dir)
@@ -47,31 +48,42 @@ def _speed(model, tok, args: argparse.Namespace) -> list[list[str]]:
     spec = task.generation
     assert spec is not None
     pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
-    budget = args.speed_tokens
-    new_tokens, start = 0, time.perf_counter()
-    with torch.no_grad():
-        for i in range(0, len(prompts), args.batch_size):
-            ids, mask, _ = pad_left(prompts[i : i + args.batch_size], pad_id=pad)
-            out = model.generate(
-                input_ids=ids, attention_mask=mask, max_new_tokens=budget, do_sample=False,
-                pad_token_id=pad, stop_strings=list(spec.until), tokenizer=tok,
-            )  # fmt: skip
-            new_tokens += int((out[:, ids.shape[1] :] != pad).sum())
-    hf_rate = new_tokens / (time.perf_counter() - start)
+
+    def hf_generate(budget: int) -> float:
+        new_tokens, start = 0, time.perf_counter()
+        with torch.no_grad():
+            for i in range(0, len(prompts), args.batch_size):
+                ids, mask, _ = pad_left(prompts[i : i + args.batch_size], pad_id=pad)
+                out = model.generate(
+                    input_ids=ids, attention_mask=mask, max_new_tokens=budget, do_sample=False,
+                    pad_token_id=pad, stop_strings=list(spec.until), tokenizer=tok,
+                )  # fmt: skip
+                new_tokens += int((out[:, ids.shape[1] :] != pad).sum())
+        return new_tokens / (time.perf_counter() - start)
+
     scores = ih.record_scores(model, None, prompts, batch_size=args.batch_size)["ahon_ln"]
     threshold = ih.thresholds_from_cdf(scores, ih.SCORE_FUNCTIONS["ahon_ln"].inactive_when, [args.speed_target])[0]
     policy = ih.Policy(score="ahon_ln", threshold=threshold)
-    label = args.name or Path(args.model).stem
-    rows = [[label, "transformers generate (KV cache)", str(len(prompts)), str(budget), f"{hf_rate:.1f}", "1.00x"]]
-    runs = [("inactive-heads, no policy", None, "step", budget)]
-    runs += [(f"{m}, AHON (LN) at {args.speed_target:g}", policy, m, budget) for m in ("step", "running", "prompt")]
-    runs.append((f"recompute, AHON (LN) at {args.speed_target:g}", policy, "recompute", args.recompute_tokens))
-    for name, pol, mode, toks in runs:
-        got = generate_until(
-            model, tok, prompts, until=spec.until, max_gen_toks=toks, batch_size=args.batch_size, policy=pol, mode=mode
+    label, target = args.name or Path(args.model).stem, f"AHON (LN) at {args.speed_target:g}"
+    rows = []
+    for budget, runs in (
+        (
+            args.speed_tokens,
+            [("no policy", None, "step")] + [(f"{m}, {target}", policy, m) for m in ("step", "running", "prompt")],
+        ),
+        (args.recompute_tokens, [(f"recompute, {target}", policy, "recompute")]),
+    ):
+        hf_rate = hf_generate(budget)  # the baseline of every row with this token budget
+        rows.append(
+            [label, "transformers generate (KV cache)", str(len(prompts)), str(budget), f"{hf_rate:.1f}", "1.00x"]
         )
-        rows.append([label, name, str(len(prompts)), str(toks), f"{got.tokens_per_s:.1f}",
-                     f"{got.tokens_per_s / hf_rate:.2f}x"])  # fmt: skip
+        for name, pol, mode in runs:
+            got = generate_until(
+                model, tok, prompts, until=spec.until, max_gen_toks=budget, batch_size=args.batch_size, policy=pol,
+                mode=mode,
+            )  # fmt: skip
+            rows.append([label, f"inactive-heads: {name}", str(len(prompts)), str(budget), f"{got.tokens_per_s:.1f}",
+                         f"{got.tokens_per_s / hf_rate:.2f}x"])  # fmt: skip
     return rows
 
 
@@ -127,7 +139,7 @@ def main() -> None:
         _write(run_dirs, label, args)
     if not args.no_speed:
         speed_header = ["model", "generation", "prompts", "max new tokens", "new tokens/s", "vs transformers generate"]
-        update_table("bench_generation_speed", speed_header, _speed(model, tok, args), key=2, path=args.results)
+        update_table("bench_generation_speed", speed_header, _speed(model, tok, args), key=4, path=args.results)
 
 
 if __name__ == "__main__":
