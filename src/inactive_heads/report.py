@@ -219,16 +219,16 @@ def _ranks_section(
     if names:
         doc.img(png(rank_heatmap(names, models, ranks, intervals)), filename, "rank heatmap")
     if len(models) >= 2:
-        agree = [
-            [
-                f"{models[i]} vs {models[j]}",
-                f"{spearman(ranks[i], ranks[j]):.3f}",
-                f"{top_k_iou(ranks[i], ranks[j]):.3f}",
-            ]
-            for i in range(len(models))
-            for j in range(i + 1, len(models))
-        ]
-        doc.table(["models", "Spearman", "top-5 IoU"], agree)
+        agree = []
+        for i in range(len(models)):
+            for j in range(i + 1, len(models)):
+                shared = len(set(ranks[i]) & set(ranks[j]))
+                # Over 2 scores Spearman is always +-1, and with 5 or fewer every shared score is in both top-5s.
+                rho = f"{spearman(ranks[i], ranks[j]):.3f}" if shared >= 3 else "–"
+                iou = f"{top_k_iou(ranks[i], ranks[j]):.3f}" if shared > 5 else "–"
+                agree.append([f"{models[i]} vs {models[j]}", str(shared), rho, iou])
+        doc.p("Rank agreement over the scores both models rank (Spearman from 3 of them, top-5 IoU from 6):")
+        doc.table(["models", "shared scores", "Spearman", "top-5 IoU"], agree)
 
 
 def write_study_report(
@@ -342,7 +342,7 @@ def _task_label(run: RunData) -> str:
 
 def _significance(doc: Document, runs: Sequence[RunData], boots: Sequence[Bootstrap | None]) -> None:
     for run, boot in zip(runs, boots, strict=True):
-        if boot is None:
+        if boot is None or len(boot.rank) < 2:  # no pair of scores to order yet
             continue
         pairs = significant_pairs(boot)
         listed = "; ".join(f"{score_label(a)} above {score_label(b)} ({100 * p:.1f}%)" for a, b, p in pairs)
