@@ -190,6 +190,7 @@ class _Batch:
         self.row_ids = rows  # the prompts' ids: the random score's draws
         self.zeroed: list[torch.Tensor] = []
         self.kv = (0, 0, 0)  # Generated's kv_bytes, kv_bytes_droppable, kv_bytes_dropped
+        self.read: list[torch.Tensor] = []  # prompt mode: per layer, the KV heads each row reads (see _kv_read)
 
     def _forward(self, policy: Policy | None, **kwargs: Any) -> Any:
         self.forwards += 1
@@ -213,7 +214,8 @@ class _Batch:
         steps = self.policy
         if self.mode == "prompt" and self.policy is not None:
             steps = Policy(mask=self.zeroed[-1].to(self.device))
-            self._drop_unread(past, self.zeroed[-1])
+            self.read = self._kv_read(self.zeroed[-1])
+            self._drop_unread(past)
         ids, pos = self.ids, self.positions[:, -1:]
         gen: list[list[int]] = [[] for _ in self.lengths]
         done = [False] * len(gen)
@@ -256,11 +258,11 @@ class _Batch:
             read.append(_layout.kv_heads_read(zero, reads, _layout.kv_count(module, n_kv)))
         return read
 
-    def _drop_unread(self, cache: Any, zeroed: torch.Tensor) -> None:
+    def _drop_unread(self, cache: Any) -> None:
         """Prompt mode: cut from the cache, row by row, every KV head that row never reads again."""
         if not self.drop_kv:
             return
-        for layer, read in enumerate(self._kv_read(zeroed)):
+        for layer, read in enumerate(self.read):
             if not read.all():
                 rows, heads = _layout.cache_pairs(read.to(self.device))
                 _compat.keep_cache_pairs(cache, layer, rows, heads)
@@ -277,10 +279,10 @@ class _Batch:
         n_kv = _compat.kv_heads(self.model)
         stored = sum(_layout.kv_count(m, n_kv) for m in attention_modules(self.model))
         total = int(real.sum() * stored * per_position)
-        if self.mode != "prompt" or not self.zeroed:
+        if not self.read:
             return total, 0, 0
         unread = dropped = torch.zeros(len(positions), dtype=torch.float64)
-        for read in self._kv_read(self.zeroed[0]):
+        for read in self.read:
             unread = unread + (~read).sum(1)
             if self.drop_kv and not read.all():
                 kept = torch.zeros_like(read).index_put_(_layout.cache_pairs(read), torch.tensor(True))
