@@ -19,6 +19,7 @@ import inactive_heads.evaluation as evaluation
 from inactive_heads import analysis
 from inactive_heads.cli import main
 from inactive_heads.scores import _SCORE_FUNCTIONS, SCORE_FUNCTIONS, HeadScores
+from inactive_heads.uncertainty import bootstrap_wasserstein
 
 _RUN = ["--task", "recall", "--limit", "12", "--batch-size", "8"]
 _PLUGIN = """
@@ -149,15 +150,24 @@ def test_report_prints_its_path_and_embeds_every_figure(report):
     assert html.count('src="data:image/png;base64,') == len(images) and "<table" in html
 
 
-def test_compare_prints_w1_between_two_models_calibration_scores(swept, model_dirs, tmp_path):
+def test_compare_prints_w1_between_two_models_calibration_scores(swept, model_dirs, tmp_path, capsys):
     other = tmp_path / "other"
     _main(["calibrate", "--model", model_dirs[1], *_RUN, "--run-dir", str(other)])
-    printed = _main(["compare", str(swept.dir), str(other), "-o", str(tmp_path)])
+    printed = _main(["compare", str(swept.dir), str(other), "-o", str(tmp_path), "--resamples", "200"])
     b = HeadScores.load(other / "calibration" / "scores.safetensors")
-    w1 = analysis.wasserstein1(swept.calibration["ahon_ln"], b["ahon_ln"])
-    row = re.search(r"^\| ahon_ln \| ([^ ]+) \|", printed, flags=re.M)
-    assert row and float(row.group(1)) == pytest.approx(w1, rel=1e-3)
+    items = json.loads((other / "calibration" / "meta.json").read_text())["row_items"]
+    assert items == json.loads((swept.dir / "calibration" / "meta.json").read_text())["row_items"]
+    # both calibrated on the same items: one resample of items serves both models
+    iv = bootstrap_wasserstein(swept.calibration["ahon_ln"], items, b["ahon_ln"], items, paired=True, n_resamples=200)
+    assert iv.value == pytest.approx(analysis.wasserstein1(swept.calibration["ahon_ln"], b["ahon_ln"]))
+    row = re.search(r"^\| ahon_ln \| ([^ ]+) \[([^,]+), ([^]]+)\] \|", printed, flags=re.M)
+    assert row and [float(x) for x in row.groups()] == pytest.approx([iv.value, iv.low, iv.high], rel=1e-3)
     assert list(tmp_path.glob("compare_*.png"))
+    one = _main(["compare", str(swept.dir), str(other), "-o", str(tmp_path), "--resamples", "0", "--scores", "awft"])
+    assert re.search(r"^\| awft \| [^ ]+ \| ", one, flags=re.M) and "ahon_ln" not in one
+    capsys.readouterr()
+    assert main(["compare", str(swept.dir), str(other), "--scores", "nope"]) == 2
+    assert "['nope'] are not recorded in both runs" in capsys.readouterr().err
 
 
 def test_prune_writes_a_loadable_model_and_its_measurements(swept, model_dirs, tmp_path):

@@ -186,7 +186,7 @@ def test_compare_runs_across_layer_counts(runs, tmp_path):
     rows = _score_rows(text, 4)
     assert set(rows) == set(_SHAPES)
     for score, cells in rows.items():
-        pooled, per_mean, per_max = map(float, cells[1:])
+        pooled, per_mean, per_max = (float(c.split(" ")[0]) for c in cells[1:])
         per = [_w1_by_quantiles(a[score][:, ia], b[score][:, ib]) for ia, ib in zip(bins_a, bins_b, strict=True)]
         assert pooled == pytest.approx(_w1_by_quantiles(a[score], b[score]), rel=1e-3), score
         assert per_mean == pytest.approx(np.mean(per), rel=1e-3), score

@@ -150,6 +150,11 @@ def test_local_study_computes_every_cell_and_writes_one_report(local_run):
     assert "## Threshold stability across tasks" in md and "| threshold on recall | threshold on recall_short |" in md
     assert "## Calibration protocols" not in md  # every task is calibrated one way only
     assert "### llama vs qwen — recall (0-shot, 6 items; calibrated on the evaluated items)" in md  # the declared pair
+    # W1 of the pair with its bootstrap interval over the calibration items, only for the studied scores
+    assert "| score | W1 pooled [95% CI] |" in md and "W1 intervals: 95% bootstrap over calibration items" in md
+    pair = md.split("### llama vs qwen — recall (")[1].split("![")[0]
+    assert re.search(r"^\| ahon_ln \| [\d.e-]+ \[[\d.e-]+, [\d.e-]+\] \|", pair, flags=re.M)
+    assert "| lthon_hn |" not in pair
     assert local_run.report is not None and local_run.report.is_file()
 
 

@@ -141,6 +141,9 @@ def test_heldout_calibration_records_only_items_that_are_not_evaluated(tmp_path,
     assert set(seen[0]) == evaluated and not set(seen[1]) & evaluated
     assert set(seen[1]) == {it.id for it in task.items} - evaluated == {it.id for it in heldout(task, 5).items}
     assert same.shape[0] == 2 * 5 and held.shape[0] == 2 * 3 and held.meta["items"] == "heldout"
+    # Each row's item, for bootstraps that resample items: the toy task's two choices per item run as two rows.
+    assert same.meta["row_items"] == [0, 0, 1, 1, 2, 2, 3, 3, 4, 4] and held.meta["row_items"] == [0, 0, 1, 1, 2, 2]
+    assert load_run(tmp_path / "same").row_items.tolist() == same.meta["row_items"]
     # The calibration's identity follows its items: the same run directory refuses to switch protocols.
     with pytest.raises(ValueError, match="other calibration items"):
         calibrate(

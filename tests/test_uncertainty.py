@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from inactive_heads.analysis import Curve, table2
-from inactive_heads.uncertainty import bootstrap_run, resample_counts
+from inactive_heads.analysis import Curve, table2, wasserstein1
+from inactive_heads.uncertainty import _resampled_w1, bootstrap_run, bootstrap_wasserstein, resample_counts
 
 
 def _run(seed: int, n: int = 40):
@@ -83,3 +83,54 @@ def test_bad_input_is_refused():
         bootstrap_run([True, False], {"a": [(0.1, [True])]})
     with pytest.raises(ValueError, match="level"):
         bootstrap_run([True], {}, level=1.5)
+
+
+def _scores(seed: int, rows: int, shape: tuple[int, ...] = (3, 2), shift: float = 0.0) -> np.ndarray:
+    return np.random.default_rng(seed).gamma(2.0, 1.0, size=(rows, *shape)) + shift
+
+
+def test_resampled_w1_equals_w1_of_the_repeated_samples():
+    a, b = _scores(0, 12), _scores(1, 9, shift=0.3)
+    items_a, items_b = np.repeat(np.arange(6), 2), np.arange(9) // 3  # 6 items of 2 rows, 3 items of 3 rows
+    counts_a, counts_b = resample_counts(6, 25, 3), resample_counts(3, 25, 4)
+    va, vb = a.reshape(12, -1), b.reshape(9, -1)
+    da, db = np.repeat(items_a, va.shape[1]), np.repeat(items_b, vb.shape[1])
+    got = _resampled_w1(va.ravel(), da, counts_a, vb.ravel(), db, counts_b)
+    for r in range(25):
+        rep_a = np.concatenate([np.tile(va[items_a == i].ravel(), counts_a[r, i]) for i in range(6)])
+        rep_b = np.concatenate([np.tile(vb[items_b == i].ravel(), counts_b[r, i]) for i in range(3)])
+        assert got[r] == pytest.approx(wasserstein1(rep_a, rep_b), rel=1e-9, abs=1e-12)
+
+
+def test_bootstrap_wasserstein_paired_is_a_loop_over_shared_item_resamples():
+    a, b = _scores(2, 20), _scores(3, 20, shift=0.5)
+    items = np.repeat(np.arange(10), 2)
+    got = bootstrap_wasserstein(a, items, b, items, paired=True, n_resamples=300, seed=5)
+    assert got.value == pytest.approx(wasserstein1(a, b))
+    loop = []
+    for counts in resample_counts(10, 300, 5):
+        keep = np.repeat(np.arange(10), counts)
+        loop.append(
+            wasserstein1(np.concatenate([a[items == i] for i in keep]), np.concatenate([b[items == i] for i in keep]))
+        )
+    lo, hi = np.percentile(loop, [2.5, 97.5])
+    assert (got.low, got.high) == pytest.approx((lo, hi))
+
+
+def test_bootstrap_wasserstein_properties():
+    a, b = _scores(4, 30), _scores(5, 24, shift=1.0)
+    ia, ib = np.arange(30) // 3, np.arange(24) // 2
+    one = bootstrap_wasserstein(a, ia, b, ib, n_resamples=400, seed=1)
+    assert one == bootstrap_wasserstein(a, ia, b, ib, n_resamples=400, seed=1)  # seeded
+    assert one.low <= one.value <= one.high and one.low > 0
+    # NaNs are dropped like wasserstein1 drops them
+    a_nan = a.copy()
+    a_nan[0, 0, 0] = np.nan
+    assert bootstrap_wasserstein(a_nan, ia, b, ib, n_resamples=10).value == pytest.approx(wasserstein1(a_nan, b))
+    # a sample against itself: zero distance, an interval from zero when paired
+    same = bootstrap_wasserstein(a, ia, a, ia, paired=True, n_resamples=50)
+    assert same.value == 0 and same.low == 0 and same.high == 0
+    with pytest.raises(ValueError, match="same items"):
+        bootstrap_wasserstein(a, ia, b, ib, paired=True)
+    with pytest.raises(ValueError, match="one item per row"):
+        bootstrap_wasserstein(a, ia[:-1], b, ib)

@@ -134,6 +134,7 @@ def calibrate(
             "items": calibration_items,
             "rows": scores.shape[0],
             "n_items": result.n_items,
+            "row_items": [item for item, _ in result.rows],  # rows grouped by input, for bootstraps over items
             "accuracy": result.metrics["acc"],
             "seconds": time.perf_counter() - t0,
         }

@@ -171,7 +171,7 @@ def _cmd_report(args: argparse.Namespace) -> None:
 def _cmd_compare(args: argparse.Namespace) -> None:
     from .compare import compare_runs
 
-    text, figure = compare_runs(args.run_a, args.run_b, args.out)
+    text, figure = compare_runs(args.run_a, args.run_b, args.out, args.scores, args.resamples, args.seed)
     print(text)
     print(f"figure: {figure.resolve()}")
 
@@ -423,6 +423,11 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("run_a", type=Path)
     p.add_argument("run_b", type=Path)
     p.add_argument("-o", "--out", type=Path, default=Path("."), help="where the figure goes (default: here)")
+    p.add_argument("--scores", nargs="+", default=None, help="score functions to compare (default: all recorded)")
+    p.add_argument(
+        "--resamples", type=int, default=1000, help="bootstrap resamples over items for W1's interval (0: none)"
+    )
+    p.add_argument("--seed", type=int, default=0, help="bootstrap seed")
     p.set_defaults(fn=_cmd_compare)
 
     from .executors import EXECUTORS

@@ -12,23 +12,66 @@ from .analysis import wasserstein_table
 from .document import render_table
 from .figures import figure, png
 from .rundir import RunData, load_run, score_label, slug
+from .runstats import interval_text
 from .store import atomic_write_bytes
+from .uncertainty import DEFAULT_RESAMPLES, Interval, bootstrap_wasserstein
 
-__all__ = ["compare_runs", "score_distances", "series_distances"]
+__all__ = ["compare_runs", "score_distances", "series_distances", "w1_interval"]
+
+
+def _same_items(a: RunData, b: RunData) -> bool:
+    keys = ("task", "task_items", "n_items")
+    ma, mb = a.calibration_meta, b.calibration_meta
+    return all(ma.get(k) is not None and ma.get(k) == mb.get(k) for k in keys)
+
+
+def w1_interval(
+    a: RunData, b: RunData, name: str, n_resamples: int = DEFAULT_RESAMPLES, seed: int = 0
+) -> Interval | None:
+    """Pooled W1 between two runs' calibration scores ``name`` with its 95% bootstrap interval over items
+    (:func:`~inactive_heads.uncertainty.bootstrap_wasserstein`; paired when both calibrated on the same items).
+    None when a calibration did not record the item of each row, or ``n_resamples`` is 0."""
+    if n_resamples < 1 or a.scores is None or b.scores is None or a.row_items is None or b.row_items is None:
+        return None
+    return bootstrap_wasserstein(
+        a.scores[name].numpy(),
+        a.row_items,
+        b.scores[name].numpy(),
+        b.row_items,
+        paired=_same_items(a, b),
+        n_resamples=n_resamples,
+        seed=seed,
+    )
+
+
+def _w1_text(distance: float, iv: Interval | None) -> str:
+    return f"{distance:.4g}" if iv is None else interval_text(iv, scale=1.0, fmt=".4g")
 
 
 def compare_runs(
-    run_a: str | Path | RunData, run_b: str | Path | RunData, out_dir: str | Path | None = None
+    run_a: str | Path | RunData,
+    run_b: str | Path | RunData,
+    out_dir: str | Path | None = None,
+    names: Sequence[str] | None = None,
+    n_resamples: int = DEFAULT_RESAMPLES,
+    seed: int = 0,
 ) -> tuple[str, Path]:
     """Distribution distances between two runs' calibration scores: a Markdown table and a figure.
 
-    Per score function: pooled W1 and W1 per layer (per relative-depth bin when layer counts differ, see
-    :func:`inactive_heads.analysis.wasserstein_table`). The figure (W1 vs relative depth, one line per score) goes
-    to ``out_dir`` (default: the working directory; run directories are only read) as ``compare_<a>_vs_<b>.png``.
+    Per score function (``names``, default: all recorded in both): pooled W1 with its bootstrap interval
+    (:func:`w1_interval`; ``n_resamples=0``: none) and W1 per layer (per relative-depth bin when layer counts
+    differ, see :func:`inactive_heads.analysis.wasserstein_table`). The figure (W1 vs relative depth, one line per
+    score) goes to ``out_dir`` (default: the working directory; run directories are only read) as
+    ``compare_<a>_vs_<b>.png``.
     """
     a = run_a if isinstance(run_a, RunData) else load_run(run_a)
     b = run_b if isinstance(run_b, RunData) else load_run(run_b)
-    header, rows, fig = score_distances(a, b)
+    if a.scores is not None and b.scores is not None and names is not None:
+        missing = [n for n in names if n not in a.scores or n not in b.scores]
+        if missing:
+            shared = [n for n in a.scores if n in b.scores]
+            raise ValueError(f"scores {missing} are not recorded in both runs; both have: {', '.join(shared)}")
+    header, rows, fig = score_distances(a, b, names, n_resamples, seed)
     text = f"W1 between calibration scores of {a.name} and {b.name}\n\n" + render_table(header, rows) + "\n"
     path = Path(out_dir) if out_dir is not None else Path.cwd()
     fig_path = path / f"compare_{slug(a.name)}_vs_{slug(b.name)}.png"
@@ -36,15 +79,21 @@ def compare_runs(
     return text, fig_path
 
 
-def score_distances(a: RunData, b: RunData) -> tuple[list[str], list[list[str]], Any]:
-    """Per score function, W1 between two runs' calibration scores (pooled; mean and max over relative depth), as
+def score_distances(
+    a: RunData, b: RunData, names: Sequence[str] | None = None, n_resamples: int = DEFAULT_RESAMPLES, seed: int = 0
+) -> tuple[list[str], list[list[str]], Any]:
+    """Per score function (``names``, default: all recorded in both), W1 between two runs' calibration scores
+    (pooled, with its bootstrap interval where :func:`w1_interval` gives one; mean and max over relative depth), as
     a table (header, rows), and the figure of W1 against relative depth."""
     if a.scores is None or b.scores is None:
         raise ValueError("both runs need calibration/scores.safetensors")
-    pooled = wasserstein_table(a.scores, b.scores)
-    per = wasserstein_table(a.scores, b.scores, per_layer=True)
-    header = ["score", "W1 pooled", "W1 per depth (mean)", "W1 per depth (max)"]
-    rows = [[n, f"{d:.4g}", f"{np.mean(per[n]):.4g}", f"{np.max(per[n]):.4g}"] for n, d in pooled.items()]
+    pooled = wasserstein_table(a.scores, b.scores, names=names)
+    per = wasserstein_table(a.scores, b.scores, per_layer=True, names=names)
+    header = ["score", "W1 pooled [95% CI]", "W1 per depth (mean)", "W1 per depth (max)"]
+    rows = [
+        [n, _w1_text(d, w1_interval(a, b, n, n_resamples, seed)), f"{np.mean(per[n]):.4g}", f"{np.max(per[n]):.4g}"]
+        for n, d in pooled.items()
+    ]
     fig = figure(7, 4.2)
     ax = fig.add_subplot()
     for n in pooled:
@@ -60,16 +109,32 @@ def score_distances(a: RunData, b: RunData) -> tuple[list[str], list[list[str]],
     return header, rows, fig
 
 
-def series_distances(runs: Sequence[RunData], title: str) -> tuple[list[str], list[list[str]], Any]:
+def series_distances(
+    runs: Sequence[RunData],
+    title: str,
+    names: Sequence[str] | None = None,
+    n_resamples: int = DEFAULT_RESAMPLES,
+    seed: int = 0,
+) -> tuple[list[str], list[list[str]], Any]:
     """Along a series of models (e.g. one family at growing scale): pooled W1 between each run's calibration scores
-    and the first run's, per score function, as a table and a figure (one line per score along the series)."""
+    and the first run's, per score function (``names``, default: all recorded in every run), with bootstrap
+    intervals as in :func:`score_distances`, as a table and a figure (one line per score along the series)."""
     if len(runs) < 2 or any(r.scores is None for r in runs):
         raise ValueError("a series needs two or more runs, each with calibration/scores.safetensors")
     first = runs[0]
-    tables = [wasserstein_table(first.scores, r.scores) for r in runs[1:]]  # type: ignore[arg-type]
+    tables = [wasserstein_table(first.scores, r.scores, names=names) for r in runs[1:]]  # type: ignore[arg-type]
     names = [n for n in tables[0] if all(n in t for t in tables)]
-    header = ["score", *(f"{first.name} → {r.name}" for r in runs[1:])]
-    rows = [[n, *(f"{t[n]:.4g}" for t in tables)] for n in names]
+    header = ["score", *(f"{first.name} → {r.name} [95% CI]" for r in runs[1:])]
+    rows = [
+        [
+            n,
+            *(
+                _w1_text(t[n], w1_interval(first, r, n, n_resamples, seed))
+                for t, r in zip(tables, runs[1:], strict=True)
+            ),
+        ]
+        for n in names
+    ]
     fig = figure(1.5 + 1.4 * len(runs), 4.2)
     ax = fig.add_subplot()
     xs = list(range(len(runs)))

@@ -300,13 +300,23 @@ def write_study_report(
     _protocol_section(doc, loaded, boots)
 
     by_name = {(r.name, label): r for label, task_runs in tasks.items() for r in task_runs}
+    studied = list(dict.fromkeys(n for r in loaded for n in r.score_names))
+    if pairs or series:
+        doc.p(
+            f"W1 intervals: 95% bootstrap over calibration items ({n_resamples} resamples, seed {seed}); every score "
+            "of a drawn item counts as often as the item is drawn, and two models calibrated on the same items are "
+            "resampled together. Distances near zero read against the interval's width: W1 cannot be negative, so "
+            "its bootstrap leans upward there."
+        )
     if pairs:
         doc.h(2, "Model pairs: score distributions")
         for a, b in pairs:
             for t, label in enumerate(tasks):
                 if (a, label) in by_name and (b, label) in by_name:
                     doc.h(3, f"{a} vs {b} — {label}")
-                    header, table, fig = score_distances(by_name[a, label], by_name[b, label])
+                    header, table, fig = score_distances(
+                        by_name[a, label], by_name[b, label], studied, n_resamples, seed
+                    )
                     doc.table(header, table)
                     doc.img(png(fig), f"pair_{t}_{slug(a)}_vs_{slug(b)}.png", f"{a} vs {b}, W1 per depth")
     if series:
@@ -316,7 +326,7 @@ def write_study_report(
                 present = [by_name[m, label] for m in members if (m, label) in by_name]
                 if len(present) >= 2:
                     doc.h(3, f"{name} — {label}")
-                    header, table, fig = series_distances(present, name)
+                    header, table, fig = series_distances(present, name, studied, n_resamples, seed)
                     doc.table(header, table)
                     doc.img(png(fig), f"series_{t}_{slug(name)}.png", f"{name}: W1 to {present[0].name}")
                     cdf = cdf_figure(present)

@@ -389,6 +389,15 @@ class RunData:
         present = {c["score"] for c in self.cells if c.get("score") is not None}
         return [n for n in SCORE_FUNCTIONS if n in present] + sorted(present - set(SCORE_FUNCTIONS))
 
+    @property
+    def row_items(self) -> np.ndarray | None:
+        """The item of each calibration row (``[rows]``, positions among the calibration's items); None when the
+        calibration did not record them or they do not match its scores."""
+        items = self.calibration_meta.get("row_items")
+        if self.scores is None or not isinstance(items, list) or len(items) != self.scores.shape[0]:
+            return None
+        return np.asarray(items, dtype=np.int64)
+
     def curves(self) -> dict[str, Curve]:
         """Accuracy-vs-fraction-zeroed curve per score function (baseline point at 0 unless a p=0 cell exists)."""
         out = {}
