@@ -14,6 +14,8 @@ script is run again. Then:
 
     python bench/bench_generation.py --model FILE.gguf [--limit 20] [--max-gen-toks 128] [--modes step running]
     python bench/bench_generation.py --model FILE.gguf ... --write   # render what is stored so far
+    python bench/bench_generation.py --model FILE.gguf --modes recompute running prompt --targets 0.1 0.2 \
+        --device cuda --dtype bfloat16 --batch-size 32   # the full cascade on a GPU
 """
 
 from __future__ import annotations
@@ -110,6 +112,8 @@ def main() -> None:
     parser.add_argument("--limit", type=int, default=100)
     parser.add_argument("--max-gen-toks", type=int, default=256)
     parser.add_argument("--batch-size", type=int, default=8)
+    parser.add_argument("--device", default=None, help="where the model goes, e.g. cuda (default: CPU)")
+    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     parser.add_argument("--data-dir", type=Path, default=ROOT.parent / "shared" / "data")
     parser.add_argument("--out", type=Path, default=Path("/tmp/bench_generation"))
     parser.add_argument("--results", type=Path, default=RESULTS)
@@ -128,7 +132,7 @@ def main() -> None:
         run_dirs = [d for d in run_dirs if (d / "run.json").is_file()]
         _write(run_dirs, label, args)
         return
-    model, tok = ih.load_model(args.model)
+    model, tok = ih.load_model(args.model, getattr(torch, args.dtype), device_map=args.device)
     for mode, run_dir in zip([] if args.speed_only else args.modes, run_dirs, strict=False):
         ih.sweep(
             model, tok, "gsm8k", run_dir, scores=args.scores.split(","), targets=args.targets, limit=args.limit,

@@ -8,9 +8,10 @@ import numpy as np
 import pytest
 import torch
 
-from inactive_heads.overlap import flagged, overlap, threshold_spread
+from inactive_heads.overlap import _resampled, flagged, overlap, threshold_spread
 from inactive_heads.scores import SCORE_FUNCTIONS, HeadScores
 from inactive_heads.thresholds import thresholds_from_cdf
+from inactive_heads.uncertainty import resample_counts
 
 NAMES = ["awft", "ahon_ln", "avvn_ln", "random"]
 
@@ -51,6 +52,38 @@ def test_iou_and_precision_match_brute_force(scores, target):
     value, a, b = result.max_pair("precision")
     assert value == pytest.approx(max(len(sets[x] & sets[y]) / len(sets[x]) for x in NAMES for y in NAMES if x != y))
     assert a != b and result.precision[NAMES.index(a), NAMES.index(b)] == value
+
+
+def test_resampled_overlap_is_the_overlap_of_the_repeated_rows(scores):
+    """A resample counts each row as often as its item is drawn; thresholds stay as calibrated."""
+    items = np.arange(scores.shape[0]) // 3  # 15 rows, 5 items of 3 rows
+    counts = resample_counts(5, 20, seed=3)
+    sets = {n: _brute_sets(scores, n, 0.2) for n in NAMES}
+    stacked = np.stack([flagged(scores, n, 0.2).reshape(scores.shape[0], -1) for n in NAMES]).astype(float)
+    iou, precision = _resampled(stacked, items, counts)
+    for r in range(20):
+        for (i, a), (j, b) in itertools.product(enumerate(NAMES), repeat=2):
+            weight = {row: counts[r, items[row]] for row in range(scores.shape[0])}
+            inter = sum(weight[x[0]] for x in sets[a] & sets[b])
+            union = sum(weight[x[0]] for x in sets[a] | sets[b])
+            size = sum(weight[x[0]] for x in sets[a])
+            assert iou[r, i, j] == pytest.approx(inter / union) if union else np.isnan(iou[r, i, j])
+            assert precision[r, i, j] == pytest.approx(inter / size) if size else np.isnan(precision[r, i, j])
+
+
+def test_overlap_intervals(scores):
+    items = np.arange(scores.shape[0]) // 3
+    plain = overlap(scores, NAMES, 0.2)
+    assert plain.iou_interval is None and plain.precision_interval is None
+    boot = overlap(scores, NAMES, 0.2, items, n_resamples=300, seed=1)
+    assert np.array_equal(boot.iou, plain.iou) and np.array_equal(boot.precision, plain.precision, equal_nan=True)
+    stacked = np.stack([flagged(scores, n, 0.2).reshape(scores.shape[0], -1) for n in NAMES]).astype(float)
+    iou, _ = _resampled(stacked, items, resample_counts(5, 300, seed=1))
+    assert np.allclose(boot.iou_interval, np.nanpercentile(iou, [2.5, 97.5], axis=0), equal_nan=True)
+    lo, hi = boot.iou_interval
+    assert np.all((lo <= boot.iou + 1e-12) | np.isnan(lo)) and np.all((boot.iou <= hi + 1e-12) | np.isnan(hi))
+    with pytest.raises(ValueError, match="one item per row"):
+        overlap(scores, NAMES, 0.2, items[:-1])
 
 
 def test_flagged_is_what_the_target_asks_for(scores):

@@ -147,6 +147,8 @@ def test_local_study_computes_every_cell_and_writes_one_report(local_run):
     assert md.count("rank differences significant at 95%") == 4
     assert md.count("| llama vs qwen | 2 | – | – |") == 2  # two shared scores: no rank correlation to speak of
     assert "## Overlap between score functions" in md and "### llama — calibration on recall" in md
+    overlaps = md.split("## Overlap between score functions")[1].split("## Threshold")[0]
+    assert re.search(r"^\| 0\.\d+ \| \d\.\d\d \[\d\.\d\d, \d\.\d\d\] \(", overlaps, flags=re.M)  # max IoU, interval
     assert "## Threshold stability across tasks" in md and "| threshold on recall | threshold on recall_short |" in md
     assert "## Calibration protocols" not in md  # every task is calibrated one way only
     assert "### llama vs qwen — recall (0-shot, 6 items; calibrated on the evaluated items)" in md  # the declared pair

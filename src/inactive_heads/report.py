@@ -295,7 +295,7 @@ def write_study_report(
             _run_section(doc, run, rows, f"{t}_{slug(run.name)}", boots[id(run)])
 
     _cascade_section(doc, loaded)
-    _overlap_section(doc, loaded)
+    _overlap_section(doc, loaded, n_resamples, seed)
     _threshold_section(doc, loaded)
     _protocol_section(doc, loaded, boots)
 
@@ -372,11 +372,11 @@ def _calibrations(runs: Sequence[RunData]) -> dict[tuple[Any, ...], RunData]:
     return out
 
 
-def _overlap_section(doc: Document, runs: Sequence[RunData]) -> None:
+def _overlap_section(doc: Document, runs: Sequence[RunData], n_resamples: int, seed: int) -> None:
     shown = False
     for n, run in enumerate(_calibrations(runs).values()):
         targets = sorted({float(c["target"]) for c in run.cells if c.get("target") is not None})
-        overlaps = run_overlaps(run, targets)
+        overlaps = run_overlaps(run, targets, n_resamples, seed)
         if not overlaps:
             continue
         if not shown:
@@ -384,7 +384,9 @@ def _overlap_section(doc: Document, runs: Sequence[RunData]) -> None:
             doc.p(
                 "Which (row, layer, head) each score function flags at a target fraction, from the calibration "
                 "scores (no extra forward pass): IoU of two functions' sets, and precision = the share of one "
-                "function's flagged heads that the other flags too."
+                "function's flagged heads that the other flags too. Intervals in brackets: 95% bootstrap over the "
+                f"calibration's items ({n_resamples} resamples, seed {seed}), thresholds kept as calibrated; the "
+                "max pair is the one of the point estimate."
             )
             shown = True
         m = run.calibration_meta

@@ -15,7 +15,7 @@ from .figures import figure
 from .generation import cascade
 from .overlap import Overlap, overlap, threshold_spread
 from .rundir import RunData, score_label
-from .uncertainty import Bootstrap, Interval, bootstrap_run
+from .uncertainty import DEFAULT_RESAMPLES, Bootstrap, Interval, bootstrap_run
 
 __all__ = [
     "calibration_label",
@@ -88,33 +88,45 @@ def interval_text(iv: Interval, scale: float = 100.0, fmt: str = ".1f", signed: 
     return f"{iv.value * scale:{sign}{fmt}} [{iv.low * scale:{sign}{fmt}}, {iv.high * scale:{sign}{fmt}}]"
 
 
-def run_overlaps(run: RunData, targets: Sequence[float]) -> list[Overlap]:
+def run_overlaps(
+    run: RunData, targets: Sequence[float], n_resamples: int = DEFAULT_RESAMPLES, seed: int = 0
+) -> list[Overlap]:
     """:func:`~inactive_heads.overlap.overlap` of the run's score functions (with cells) at each target, from its
-    calibration scores; empty without scores."""
+    calibration scores, with bootstrap intervals when the calibration recorded each row's item; empty without
+    scores."""
     if run.scores is None:
         return []
     names = [n for n in run.score_names if n != "random"]
     if len(names) < 2:
         return []
     scores = run.scores.derive(names)
-    return [overlap(scores, names, t) for t in targets]
+    return [overlap(scores, names, t, run.row_items, n_resamples=n_resamples, seed=seed) for t in targets]
+
+
+def _ratio_text(o: Overlap, which: str, i: int, j: int) -> str:
+    value = float((o.iou if which == "iou" else o.precision)[i, j])
+    bounds = o.iou_interval if which == "iou" else o.precision_interval
+    if bounds is None:
+        return f"{value:.2f}"
+    return f"{value:.2f} [{bounds[0, i, j]:.2f}, {bounds[1, i, j]:.2f}]"
 
 
 def overlap_table(overlaps: Sequence[Overlap]) -> Table:
     """Per target: the largest IoU and the largest precision over all pairs, with the pairs, and AHON (LN) vs
-    AVVN (LN) where both are present (the paper's closest pair)."""
+    AVVN (LN) where both are present (the paper's closest pair); with intervals where the overlaps have them."""
     rows = []
     for o in overlaps:
-        iou, ia, ib = o.max_pair("iou")
-        prec, pa, pb = o.max_pair("precision")
+        at = o.names.index
+        _, ia, ib = o.max_pair("iou")
+        _, pa, pb = o.max_pair("precision")
         pair = "–"
         if "ahon_ln" in o.names and "avvn_ln" in o.names:
-            pair = f"{o.iou[o.names.index('ahon_ln'), o.names.index('avvn_ln')]:.2f}"
+            pair = _ratio_text(o, "iou", at("ahon_ln"), at("avvn_ln"))
         rows.append(
             [
                 f"{o.target:g}",
-                f"{iou:.2f} ({score_label(ia)}, {score_label(ib)})",
-                f"{prec:.2f} ({score_label(pa)} in {score_label(pb)})",
+                f"{_ratio_text(o, 'iou', at(ia), at(ib))} ({score_label(ia)}, {score_label(ib)})",
+                f"{_ratio_text(o, 'precision', at(pa), at(pb))} ({score_label(pa)} in {score_label(pb)})",
                 pair,
             ]
         )
