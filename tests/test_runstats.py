@@ -6,6 +6,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 from inactive_heads.rundir import RunData
 from inactive_heads.runstats import calibration_label, protocol_table, run_bootstrap, threshold_table
@@ -70,6 +71,45 @@ def test_threshold_table_puts_each_tasks_threshold_side_by_side():
     assert by[("AHON (LN)", "0.1")][2:] == ["0.5", "0.6", f"{0.1 / 0.55:.3f}"]
     assert by[("AHON (LN)", "0.2")][4] == "0.000"
     assert threshold_table([_run()]) is None
+
+
+def test_threshold_spread_interval_is_a_bootstrap_of_each_tasks_calibration_items():
+    """With calibration scores and their rows' items, the spread gets an interval: each task's items resampled on
+    their own, thresholds of the repeated rows, spread per resample, percentiles."""
+    from inactive_heads.scores import HeadScores
+    from inactive_heads.thresholds import thresholds_from_cdf
+    from inactive_heads.uncertainty import independent_counts
+
+    rng = np.random.default_rng(4)
+    runs, values, items = [], {}, {}
+    for task, n_items, rows_per in (("piqa", 8, 2), ("arc_easy", 6, 3)):
+        x = rng.gamma(2.0, size=(n_items * rows_per, 2, 3)).astype(np.float32)
+        values[task], items[task] = x, np.repeat(np.arange(n_items), rows_per)
+        run = _run(task, task)
+        ahon = HeadScores({"ahon_ln": torch.from_numpy(x)})
+        run = RunData(run.dir, run.run, run.cells, ahon, {**run.calibration_meta, "row_items": items[task].tolist()})
+        for c in run.cells:  # the sweep's thresholds for these scores
+            if c["score"] == "ahon_ln":
+                c["threshold"] = thresholds_from_cdf(x, "below", [c["target"]])[0]
+        runs.append(run)
+    header, rows = threshold_table(runs, n_resamples=50, seed=9)
+    assert header[-1] == "spread (max − min) / |median| [95% CI]"
+    row = next(r for r in rows if r[:2] == ["AHON (LN)", "0.1"])
+    counts = dict(zip(values, independent_counts([8, 6], 50, 9), strict=True))
+    spreads = []
+    for k in range(50):
+        ts = []
+        for task, x in values.items():
+            keep = np.repeat(np.arange(counts[task].shape[1]), counts[task][k])
+            ts.append(thresholds_from_cdf(np.concatenate([x[items[task] == i] for i in keep]), "below", [0.1])[0])
+        spreads.append((max(ts) - min(ts)) / abs(np.median(ts)))
+    point = (max(float(row[2]), float(row[3])) - min(float(row[2]), float(row[3]))) / np.median(
+        [float(row[2]), float(row[3])]
+    )
+    lo, hi = np.percentile(spreads, [2.5, 97.5])
+    assert row[4] == f"{point:.3f} [{lo:.3f}, {hi:.3f}]"
+    # AWFT has no calibration scores here: its spread stays a point value
+    assert " [" not in next(r for r in rows if r[0] == "AWFT")[4]
 
 
 def test_protocol_table_lines_up_cells_of_one_task_under_each_calibration():

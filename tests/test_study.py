@@ -150,6 +150,7 @@ def test_local_study_computes_every_cell_and_writes_one_report(local_run):
     overlaps = md.split("## Overlap between score functions")[1].split("## Threshold")[0]
     assert re.search(r"^\| 0\.\d+ \| \d\.\d\d \[\d\.\d\d, \d\.\d\d\] \(", overlaps, flags=re.M)  # max IoU, interval
     assert "## Threshold stability across tasks" in md and "| threshold on recall | threshold on recall_short |" in md
+    assert re.search(r"^\| AHON \(LN\) \| 0\.\d+ \| .* \| \d\.\d{3} \[\d\.\d{3}, \d\.\d{3}\] \|$", md, flags=re.M)
     assert "## Calibration protocols" not in md  # every task is calibrated one way only
     assert "### llama vs qwen — recall (0-shot, 6 items; calibrated on the evaluated items)" in md  # the declared pair
     # W1 of the pair with its bootstrap interval over the calibration items, only for the studied scores

@@ -7,7 +7,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from inactive_heads.scores import HeadScores
-from inactive_heads.thresholds import DEFAULT_TARGETS, fraction_passing, thresholds_for, thresholds_from_cdf
+from inactive_heads.thresholds import (
+    DEFAULT_TARGETS,
+    fraction_passing,
+    resampled_thresholds,
+    thresholds_for,
+    thresholds_from_cdf,
+)
+from inactive_heads.uncertainty import resample_counts
 
 _f32 = st.floats(min_value=-1e6, max_value=1e6, allow_nan=False, width=32)
 _targets = st.lists(st.floats(min_value=0.0, max_value=1.0), min_size=1, max_size=8)
@@ -115,3 +122,42 @@ def test_thresholds_for_headscores_uses_registry_side():
     assert set(out) == {"awft", "ahon"}
     assert fraction_passing(hs["awft"], "above", out["awft"][1]) == pytest.approx(0.25)
     assert fraction_passing(hs["ahon"], "below", out["ahon"][1]) == pytest.approx(0.25)
+
+
+_cell = st.one_of(st.integers(-3, 3).map(float), st.sampled_from([float("nan"), float("inf"), float("-inf")]), _f32)
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    st.integers(1, 5).flatmap(
+        lambda items: st.tuples(st.just(items), st.lists(_cell, min_size=3 * items, max_size=3 * items))
+    ),
+    _targets,
+    _side,
+    st.integers(0, 2**16),
+)
+def test_resampled_thresholds_are_those_of_the_repeated_rows(data, targets, side, seed):
+    """Each resample equals thresholds_from_cdf of its rows repeated by their item's count: ties, NaNs (counted in
+    the denominator), infinities and undrawn items included."""
+    n_items, cells = data
+    rows = np.array(cells, dtype=np.float32).reshape(n_items * 3, 1)  # 3 rows per item
+    row_items = np.repeat(np.arange(n_items), 3)
+    counts = resample_counts(n_items, 8, seed)
+    if np.isnan(rows).all():
+        return
+    got = resampled_thresholds(rows, side, targets, row_items, counts)
+    for k in range(8):
+        repeated = np.concatenate([rows[row_items == i] for i in range(n_items) for _ in range(counts[k, i])])
+        if np.isnan(repeated).all():
+            assert np.isnan(got[k]).all()
+            continue
+        assert got[k].tolist() == thresholds_from_cdf(repeated, side, targets), k
+
+
+def test_resampled_thresholds_with_all_ones_are_the_thresholds():
+    x = torch.tensor(np.random.default_rng(1).gamma(2.0, size=(12, 3, 2)), dtype=torch.float32)
+    items = np.arange(12) // 2
+    ones = np.ones((1, 6), dtype=np.int32)
+    for side in ("below", "above"):
+        got = resampled_thresholds(x, side, DEFAULT_TARGETS, items, ones)
+        assert got[0].tolist() == thresholds_from_cdf(x, side)

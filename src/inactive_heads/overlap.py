@@ -109,11 +109,14 @@ def overlap(
     return Overlap(list(names), float(target), iou, precision, level, bounds[0], bounds[1])
 
 
-def threshold_spread(thresholds: Mapping[str, float]) -> float:
+def threshold_spread(thresholds: Mapping[str, float] | np.ndarray) -> float | np.ndarray:
     """How far the thresholds of one score and target differ across tasks: ``(max - min) / |median|`` (0: identical;
-    NaN for fewer than two tasks or a zero median)."""
-    values = np.array(list(thresholds.values()), dtype=float)
-    if values.size < 2:
-        return float("nan")
-    mid = abs(float(np.median(values)))
-    return float((values.max() - values.min()) / mid) if mid > 0 else float("nan")
+    NaN for fewer than two tasks or a zero median). An array ``[tasks, ...]`` gives one spread per trailing index
+    (e.g. per bootstrap resample)."""
+    values = np.array(list(thresholds.values()) if isinstance(thresholds, Mapping) else thresholds, dtype=float)
+    if values.shape[0] < 2:
+        return float("nan") if values.ndim == 1 else np.full(values.shape[1:], np.nan)
+    mid = np.abs(np.median(values, axis=0))
+    with np.errstate(invalid="ignore", divide="ignore"):
+        spread = np.where(mid > 0, (values.max(axis=0) - values.min(axis=0)) / mid, np.nan)
+    return float(spread) if values.ndim == 1 else spread

@@ -296,7 +296,7 @@ def write_study_report(
 
     _cascade_section(doc, loaded)
     _overlap_section(doc, loaded, n_resamples, seed)
-    _threshold_section(doc, loaded)
+    _threshold_section(doc, loaded, n_resamples, seed)
     _protocol_section(doc, loaded, boots)
 
     by_name = {(r.name, label): r for label, task_runs in tasks.items() for r in task_runs}
@@ -396,17 +396,19 @@ def _overlap_section(doc: Document, runs: Sequence[RunData], n_resamples: int, s
         doc.img(png(overlap_figure(overlaps, run.name)), f"overlap_{n}_{slug(run.name)}.png", f"overlap, {what}")
 
 
-def _threshold_section(doc: Document, runs: Sequence[RunData]) -> None:
+def _threshold_section(doc: Document, runs: Sequence[RunData], n_resamples: int, seed: int) -> None:
     groups: dict[tuple[str, str], list[RunData]] = {}
     for r in runs:
         groups.setdefault((r.name, str(r.calibration_meta.get("items", "same"))), []).append(r)
-    tables = [(key, t) for key, group in groups.items() if (t := threshold_table(group)) is not None]
+    tables = [(key, t) for key, group in groups.items() if (t := threshold_table(group, n_resamples, seed)) is not None]
     if not tables:
         return
     doc.h(2, "Threshold stability across tasks")
     doc.p(
         "The threshold each task's calibration gives for the same score and target. A stable score function has "
-        "a small spread, so a threshold found on one task would serve another."
+        "a small spread, so a threshold found on one task would serve another. The spread's interval: 95% "
+        f"bootstrap ({n_resamples} resamples, seed {seed}) of each task's calibration items, drawn independently, "
+        "thresholds taken again from each resample."
     )
     for (model, items), table in tables:
         doc.h(3, f"{model} — {'held-out' if items == 'heldout' else 'same-items'} calibrations")

@@ -15,7 +15,9 @@ from .figures import figure
 from .generation import cascade
 from .overlap import Overlap, overlap, threshold_spread
 from .rundir import RunData, score_label
-from .uncertainty import DEFAULT_RESAMPLES, Bootstrap, Interval, bootstrap_run
+from .scores import SCORE_FUNCTIONS
+from .thresholds import resampled_thresholds
+from .uncertainty import DEFAULT_RESAMPLES, Bootstrap, Interval, bootstrap_run, independent_counts, percentile_interval
 
 __all__ = [
     "calibration_label",
@@ -162,29 +164,67 @@ def overlap_figure(overlaps: Sequence[Overlap], title: str) -> Any:
     return fig
 
 
-def threshold_table(runs: Sequence[RunData]) -> Table | None:
+def _resampled_thresholds(
+    runs: dict[str, RunData], keys: list[tuple[str, float]], n_resamples: int, seed: int
+) -> dict[tuple[str, str, float], np.ndarray] | None:
+    """Per (task, score, target): the thresholds of ``n_resamples`` bootstraps of each task's calibration items
+    (tasks resampled independently); None unless every calibration recorded each row's item."""
+    calibrated = {t: (r.scores, r.row_items) for t, r in runs.items()}
+    if n_resamples < 1 or any(scores is None or items is None for scores, items in calibrated.values()):
+        return None
+    dense = {
+        t: np.unique(np.asarray(items), return_inverse=True)[1].reshape(-1) for t, (_, items) in calibrated.items()
+    }
+    counts = independent_counts([int(d.max()) + 1 for d in dense.values()], n_resamples, seed)
+    out = {}
+    for (task, (scores, _)), draws in zip(calibrated.items(), counts, strict=True):
+        assert scores is not None  # checked above
+        for score in dict.fromkeys(s for s, _ in keys if s in SCORE_FUNCTIONS):
+            targets = [p for s, p in keys if s == score]
+            try:
+                values = scores.derive([score])[score]
+            except KeyError:  # its raw statistics were not recorded: no interval for this score
+                continue
+            side = SCORE_FUNCTIONS[score].inactive_when
+            thresholds = resampled_thresholds(values, side, targets, dense[task], draws)
+            out.update({(task, score, p): thresholds[:, j] for j, p in enumerate(targets)})
+    return out
+
+
+def threshold_table(runs: Sequence[RunData], n_resamples: int = DEFAULT_RESAMPLES, seed: int = 0) -> Table | None:
     """Thresholds of one model's calibrations on different tasks, side by side, per score and target, with their
     spread (:func:`~inactive_heads.overlap.threshold_spread`); None unless two tasks were calibrated the same way.
 
-    Thresholds are read from the stored cells, so they are the ones the sweep used."""
+    Thresholds are read from the stored cells, so they are the ones the sweep used. The spread's 95% interval
+    comes from bootstraps of each task's calibration items, drawn independently (where every calibration recorded
+    its rows' items)."""
     by_task: dict[str, dict[tuple[str, float], float]] = {}
+    run_of: dict[str, RunData] = {}
     for run in runs:
         task = str(run.calibration_meta.get("task", run.run.get("task")))
         for c in run.cells:
             if c.get("score") is not None and c.get("threshold") is not None:
                 by_task.setdefault(task, {})[(c["score"], float(c["target"]))] = float(c["threshold"])
+                run_of.setdefault(task, run)
     if len(by_task) < 2:
         return None
     tasks = list(by_task)
     keys = sorted({k for t in by_task.values() for k in t}, key=lambda k: (_score_order(runs, k[0]), k[1]))
+    drawn = _resampled_thresholds(run_of, keys, n_resamples, seed)
     rows = []
     for score, target in keys:
         present = {t: by_task[t][(score, target)] for t in tasks if (score, target) in by_task[t]}
         if len(present) < 2:
             continue
         cells = [f"{present[t]:.4g}" if t in present else "–" for t in tasks]
-        rows.append([score_label(score), f"{target:g}", *cells, f"{threshold_spread(present):.3f}"])
-    return ["score", "target", *(f"threshold on {t}" for t in tasks), "spread (max − min) / |median|"], rows
+        point = float(threshold_spread(present))
+        spread = f"{point:.3f}"
+        if drawn is not None and all((t, score, target) in drawn for t in present):
+            samples = np.asarray(threshold_spread(np.stack([drawn[t, score, target] for t in present])))
+            spread = interval_text(percentile_interval(point, samples), scale=1.0, fmt=".3f")
+        rows.append([score_label(score), f"{target:g}", *cells, spread])
+    header = ["score", "target", *(f"threshold on {t}" for t in tasks), "spread (max − min) / |median| [95% CI]"]
+    return header, rows
 
 
 def _score_order(runs: Sequence[RunData], score: str) -> int:

@@ -27,7 +27,7 @@ from collections.abc import Iterable, Mapping, Sequence
 import numpy as np
 import torch
 
-__all__ = ["DEFAULT_TARGETS", "fraction_passing", "thresholds_for", "thresholds_from_cdf"]
+__all__ = ["DEFAULT_TARGETS", "fraction_passing", "resampled_thresholds", "thresholds_for", "thresholds_from_cdf"]
 
 #: Target fractions of heads to zero: 0 %, 5 %, ..., 30 %.
 DEFAULT_TARGETS: tuple[float, ...] = (0.0, 0.05, 0.10, 0.15, 0.20, 0.25, 0.30)
@@ -84,6 +84,50 @@ def thresholds_from_cdf(
         return _below(values, values.size, ps)
     # x > t  <=>  -x < -t, and float32 negation is exact.
     return [-t for t in _below(-values, values.size, ps)]
+
+
+def resampled_thresholds(
+    scores: torch.Tensor | np.ndarray,
+    inactive_when: str,
+    targets: Iterable[float],
+    row_items: Sequence[int] | np.ndarray,
+    counts: np.ndarray,
+) -> np.ndarray:
+    """``[resamples, targets]``: :func:`thresholds_from_cdf` of each bootstrap resample of ``scores`` ``[rows, ...]``,
+    where row ``r`` counts ``counts[k, row_items[r]]`` times in resample ``k`` (``counts``: ``[resamples, items]``,
+    :func:`~inactive_heads.uncertainty.resample_counts`). Equal to the thresholds of the repeated rows, without
+    building them: one sort serves every resample. NaN where a resample draws only NaN scores."""
+    ps = _check(inactive_when, targets)
+    sign = np.float32(1 if inactive_when == "below" else -1)  # x > t  <=>  -x < -t (exact in float32)
+    per_row = _as_float32(scores).reshape(len(row_items), -1) * sign
+    values = per_row.reshape(-1)
+    item = np.repeat(np.asarray(row_items), per_row.shape[1])
+    known = ~np.isnan(values)
+    order = np.argsort(values[known], kind="stable")
+    s, item_sorted = values[known][order], item[known][order]
+    if s.size == 0:
+        raise ValueError("no finite scores to take thresholds from")
+    starts = np.flatnonzero(np.r_[True, s[1:] != s[:-1]])  # first index of each distinct value
+    distinct = s[starts]
+    out = np.empty((counts.shape[0], len(ps)))
+    for k, c in enumerate(counts):
+        w = c[item_sorted].astype(np.float64)
+        group = np.add.reduceat(w, starts)  # weight of each distinct value in this resample
+        below = np.cumsum(group) - group  # weight strictly below each distinct value
+        total = float(c[item].sum())  # NaNs stay in the denominator, never counted
+        kept = group > 0  # only values drawn in this resample can be thresholds
+        if not kept.any():  # only NaN rows drawn: no threshold
+            out[k] = np.nan
+            continue
+        last = distinct[kept][-1]
+        top = np.nextafter(last, np.float32(np.inf), dtype=np.float32)
+        # As in _below: the count `top` really passes (not all, when the largest value is +inf).
+        passing_all = below[kept][-1] if last == np.inf else below[-1] + group[-1]
+        cand_counts = np.append(below[kept], passing_all)
+        cand = np.append(distinct[kept], top)
+        for j, p in enumerate(ps):
+            out[k, j] = float(cand[int(np.argmin(np.abs(cand_counts - p * total)))])
+    return out * float(sign)
 
 
 def fraction_passing(scores: torch.Tensor | np.ndarray, inactive_when: str, threshold: float) -> float:

@@ -16,7 +16,15 @@ import numpy as np
 
 from .analysis import TABLE2_TOLERANCE, Curve, table2, wasserstein1
 
-__all__ = ["Bootstrap", "Interval", "bootstrap_run", "bootstrap_wasserstein", "resample_counts"]
+__all__ = [
+    "Bootstrap",
+    "Interval",
+    "bootstrap_run",
+    "bootstrap_wasserstein",
+    "independent_counts",
+    "percentile_interval",
+    "resample_counts",
+]
 
 DEFAULT_RESAMPLES = 1000
 
@@ -66,9 +74,16 @@ def resample_counts(n_items: int, n_resamples: int, seed: int) -> np.ndarray:
     return counts
 
 
-def _interval(point: float, samples: np.ndarray, level: float, *, observed: bool = False) -> Interval:
-    """The percentile interval of ``samples``; ``observed``: its ends are sample values (the wider neighbours), for
-    discrete statistics such as ranks, where an interpolated end like 6.025 names no possible value."""
+def independent_counts(n_items: Sequence[int], n_resamples: int, seed: int) -> list[np.ndarray]:
+    """:func:`resample_counts` for several samples of items drawn independently (one seed stream each)."""
+    streams = np.random.SeedSequence(seed).spawn(len(n_items))
+    return [resample_counts(n, n_resamples, int(s.generate_state(1)[0])) for n, s in zip(n_items, streams, strict=True)]
+
+
+def percentile_interval(point: float, samples: np.ndarray, level: float = 0.95, *, observed: bool = False) -> Interval:
+    """``point`` with the percentile interval of its bootstrap ``samples`` (NaN samples ignored). ``observed``: the
+    ends are sample values (the wider neighbours), for discrete statistics such as ranks, where an interpolated end
+    like 6.025 names no possible value."""
     tail = (1 - level) / 2 * 100
     if np.isnan(samples).all():  # e.g. an AUC, undefined when every resample has a zero baseline
         return Interval(float(point), float("nan"), float("nan"))
@@ -121,11 +136,11 @@ def bootstrap_run(
     samples = [by_score(a) for a in acc]
     cells = {}
     for j, (name, frac, _) in enumerate(flat, start=1):
-        cells[(name, frac)] = _interval(point[j] - point[0], acc[:, j] - acc[:, 0], level)
+        cells[(name, frac)] = percentile_interval(point[j] - point[0], acc[:, j] - acc[:, 0], level)
 
     def metric(key: str) -> dict[str, Interval]:
         return {
-            s: _interval(
+            s: percentile_interval(
                 float(observed[s][key]),  # type: ignore[arg-type]
                 np.array([float(r[s][key]) for r in samples]),  # type: ignore[arg-type]
                 level,
@@ -218,7 +233,5 @@ def bootstrap_wasserstein(
         counts_a = counts_b = resample_counts(ids.size, n_resamples, seed)
     else:
         (da, na), (db, nb) = _dense(ia), _dense(ib)
-        seeds = np.random.SeedSequence(seed).spawn(2)
-        counts_a = resample_counts(na, n_resamples, int(seeds[0].generate_state(1)[0]))
-        counts_b = resample_counts(nb, n_resamples, int(seeds[1].generate_state(1)[0]))
-    return _interval(point, _resampled_w1(va, da, counts_a, vb, db, counts_b), level)
+        counts_a, counts_b = independent_counts([na, nb], n_resamples, seed)
+    return percentile_interval(point, _resampled_w1(va, da, counts_a, vb, db, counts_b), level)
