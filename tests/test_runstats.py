@@ -112,6 +112,21 @@ def test_threshold_spread_interval_is_a_bootstrap_of_each_tasks_calibration_item
     assert " [" not in next(r for r in rows if r[0] == "AWFT")[4]
 
 
+def test_scores_flat_within_layers_names_scores_that_cannot_rank_a_layers_heads():
+    from inactive_heads.runstats import scores_flat_within_layers
+    from inactive_heads.scores import HeadScores
+
+    per_layer = torch.rand(6, 3, 1).expand(6, 3, 4)  # one value per (row, layer): 4 heads sharing one KV head
+    varied = torch.rand(6, 3, 4)
+    run = _run()
+    run = RunData(run.dir, run.run, run.cells, HeadScores({"ahon_ln": per_layer, "awft": varied}))
+    assert scores_flat_within_layers(run) == ["ahon_ln"]
+    almost = per_layer.clone()
+    almost[5, 2, 3] += 1e-3
+    run = RunData(run.dir, run.run, run.cells, HeadScores({"ahon_ln": almost, "awft": varied}))
+    assert scores_flat_within_layers(run) == []
+
+
 def test_protocol_table_lines_up_cells_of_one_task_under_each_calibration():
     same, held, moved = _run(items="same"), _run(seed=1), _run(cal_task="arc_easy", items="same", seed=2)
     assert [calibration_label(r) for r in (same, held, moved)] == [

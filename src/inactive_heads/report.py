@@ -22,6 +22,7 @@ from .runstats import (
     protocol_table,
     run_bootstrap,
     run_overlaps,
+    scores_flat_within_layers,
     significant_pairs,
     threshold_table,
 )
@@ -165,6 +166,13 @@ def _run_section(
         f"baseline accuracy {100 * run.baseline:.2f}%."
     )
     doc.table(["score", "label", "max % zeroed within 1 pt", "AUC", "rank"], _table2_rows(rows))
+    flat = scores_flat_within_layers(run)
+    if flat:
+        doc.p(
+            f"{', '.join(score_label(n) for n in flat)}: one value for every head of a layer on every calibration "
+            "row (the heads of a layer share their value vectors when it has one KV head), so a threshold zeroes "
+            "all of a layer's heads or none; an LN variant is exactly 1 everywhere and zeroes none."
+        )
     doc.img(png(curves_figure(run)), f"curves_{tag}.png", f"accuracy vs % zeroed, {run.name}")
     best = _best_cell(run, rows)
     if best is not None:

@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
+import torch
 
 from .figures import figure
 from .generation import cascade
@@ -28,6 +29,7 @@ __all__ = [
     "protocol_table",
     "run_bootstrap",
     "run_overlaps",
+    "scores_flat_within_layers",
     "significant_pairs",
     "threshold_table",
 ]
@@ -103,6 +105,23 @@ def run_overlaps(
         return []
     scores = run.scores.derive(names)
     return [overlap(scores, names, t, run.row_items, n_resamples=n_resamples, seed=seed) for t in targets]
+
+
+def scores_flat_within_layers(run: RunData) -> list[str]:
+    """The run's score functions (with cells) that take one value for every head of a layer on every calibration
+    row, e.g. value-vector scores when a layer has a single KV head: a threshold zeroes all of a layer's heads or
+    none (and an LN variant, exactly 1 everywhere, none at all)."""
+    if run.scores is None:
+        return []
+    out = []
+    for name in run.score_names:
+        try:
+            values = run.scores.derive([name])[name]
+        except KeyError:  # raw statistics not recorded
+            continue
+        if values.shape[-1] > 1 and bool(torch.all(values.amax(-1) == values.amin(-1))):
+            out.append(name)
+    return out
 
 
 def _ratio_text(o: Overlap, which: str, i: int, j: int) -> str:
