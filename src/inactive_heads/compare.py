@@ -89,11 +89,10 @@ def score_distances(
         raise ValueError("both runs need calibration/scores.safetensors")
     pooled = wasserstein_table(a.scores, b.scores, names=names)
     per = wasserstein_table(a.scores, b.scores, per_layer=True, names=names)
-    header = ["score", "W1 pooled [95% CI]", "W1 per depth (mean)", "W1 per depth (max)"]
-    rows = [
-        [n, _w1_text(d, w1_interval(a, b, n, n_resamples, seed)), f"{np.mean(per[n]):.4g}", f"{np.max(per[n]):.4g}"]
-        for n, d in pooled.items()
-    ]
+    ivs = {n: w1_interval(a, b, n, n_resamples, seed) for n in pooled}
+    ci = " [95% CI]" if any(iv is not None for iv in ivs.values()) else ""
+    header = ["score", f"W1 pooled{ci}", "W1 per depth (mean)", "W1 per depth (max)"]
+    rows = [[n, _w1_text(d, ivs[n]), f"{np.mean(per[n]):.4g}", f"{np.max(per[n]):.4g}"] for n, d in pooled.items()]
     fig = figure(7, 4.2)
     ax = fig.add_subplot()
     for n in pooled:
@@ -124,17 +123,10 @@ def series_distances(
     first = runs[0]
     tables = [wasserstein_table(first.scores, r.scores, names=names) for r in runs[1:]]  # type: ignore[arg-type]
     names = [n for n in tables[0] if all(n in t for t in tables)]
-    header = ["score", *(f"{first.name} → {r.name} [95% CI]" for r in runs[1:])]
-    rows = [
-        [
-            n,
-            *(
-                _w1_text(t[n], w1_interval(first, r, n, n_resamples, seed))
-                for t, r in zip(tables, runs[1:], strict=True)
-            ),
-        ]
-        for n in names
-    ]
+    ivs = {(n, i): w1_interval(first, r, n, n_resamples, seed) for n in names for i, r in enumerate(runs[1:])}
+    ci = " [95% CI]" if any(iv is not None for iv in ivs.values()) else ""
+    header = ["score", *(f"{first.name} → {r.name}{ci}" for r in runs[1:])]
+    rows = [[n, *(_w1_text(t[n], ivs[n, i]) for i, t in enumerate(tables))] for n in names]
     fig = figure(1.5 + 1.4 * len(runs), 4.2)
     ax = fig.add_subplot()
     xs = list(range(len(runs)))

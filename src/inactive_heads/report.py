@@ -309,15 +309,15 @@ def write_study_report(
 
     by_name = {(r.name, label): r for label, task_runs in tasks.items() for r in task_runs}
     studied = list(dict.fromkeys(n for r in loaded for n in r.score_names))
-    if pairs or series:
-        doc.p(
-            f"W1 intervals: 95% bootstrap over calibration items ({n_resamples} resamples, seed {seed}); every score "
-            "of a drawn item counts as often as the item is drawn, and two models calibrated on the same items are "
-            "resampled together. Distances near zero read against the interval's width: W1 cannot be negative, so "
-            "its bootstrap leans upward there."
-        )
+    w1_note = (
+        f"W1 intervals: 95% bootstrap over calibration items ({n_resamples} resamples, seed {seed}); every score of "
+        "a drawn item counts as often as the item is drawn, and two models calibrated on the same items are "
+        "resampled together. Distances near zero read against the interval's width: W1 cannot be negative, so its "
+        "bootstrap leans upward there."
+    )
     if pairs:
         doc.h(2, "Model pairs: score distributions")
+        doc.p(w1_note)
         for a, b in pairs:
             for t, label in enumerate(tasks):
                 if (a, label) in by_name and (b, label) in by_name:
@@ -329,6 +329,8 @@ def write_study_report(
                     doc.img(png(fig), f"pair_{t}_{slug(a)}_vs_{slug(b)}.png", f"{a} vs {b}, W1 per depth")
     if series:
         doc.h(2, "Model series: score distributions")
+        if not pairs:
+            doc.p(w1_note)
         for name, members in series:
             for t, label in enumerate(tasks):
                 present = [by_name[m, label] for m in members if (m, label) in by_name]
