@@ -87,6 +87,12 @@ def test_common_range_and_table2():
     assert rows[2]["max_zeroed"] == pytest.approx(0.02)  # 0.01 / (0.6 - 0.55) * 0.1
     assert [row["rank"] for row in rows] == [1.0, 2.0, 3.0]
     assert rows[0]["auc"] == pytest.approx(a.auc(0.28))
+    # A score that zeroes nothing at any target neither shrinks the common range nor gets an AUC over it.
+    flat = Curve("flat", [(0.0, 0.6)], baseline=0.6)
+    assert common_fraction_range([a, b, r, flat]) == 0.28
+    rows = table2([b, r, a, flat])
+    assert rows[-1]["score"] == "flat" and rows[-1]["max_zeroed"] == 0 and math.isnan(rows[-1]["auc"])
+    assert rows[0]["auc"] == pytest.approx(a.auc(0.28))
 
 
 def test_rank_scores_ties_and_nan():

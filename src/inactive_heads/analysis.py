@@ -150,8 +150,9 @@ def normalized_auc(points: Iterable[Sequence[float]], baseline: float, x_max: fl
 
 
 def common_fraction_range(curves: Iterable[Curve]) -> float:
-    """The largest fraction every curve reaches: the range over which their AUCs are comparable."""
-    ends = [c.points[-1][0] for c in curves]
+    """The largest fraction every curve that zeroes any heads reaches: the range over which their AUCs are
+    comparable. A curve that zeroes nothing (e.g. a score equal for every head of a layer) does not shrink it."""
+    ends = [c.points[-1][0] for c in curves if c.points[-1][0] > 0]
     return min(ends) if ends else 0.0
 
 
@@ -306,10 +307,13 @@ def table2(
     """One row per curve: score, label, ``max_zeroed`` (fraction), ``auc`` over a common range, and ``rank``.
 
     Ranking is by ``max_zeroed`` (higher is better), ties broken by AUC; ``x_max`` defaults to the common range.
+    A curve that zeroes no heads has no AUC over a range it never enters (NaN).
     """
     curves = list(curves)
     hi = common_fraction_range(curves) if x_max is None else x_max
-    measured = [(c, c.max_zeroed_within(tol), c.auc(hi)) for c in curves]
+    measured = [
+        (c, c.max_zeroed_within(tol), c.auc(hi) if c.points[-1][0] > 0 or hi <= 0 else math.nan) for c in curves
+    ]
     # AUC is < ~1.5 in practice; scaling it below 1e-6 makes it a tie-breaker only.
     ranks = rank_scores({c.score: mz + (0.0 if math.isnan(auc) else 1e-6 * auc) for c, mz, auc in measured})
     measured.sort(key=lambda m: ranks[m[0].score])

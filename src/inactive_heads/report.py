@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
@@ -62,8 +63,11 @@ def _fmt_pct(fraction: float) -> str:
 
 
 def _table2_rows(rows: list[dict[str, object]]) -> list[list[str]]:
+    def auc(value: float) -> str:
+        return "–" if math.isnan(value) else f"{value:.3f}"  # no AUC: the score zeroes no heads
+
     return [
-        [str(r["score"]), str(r["label"]), _fmt_pct(float(r["max_zeroed"])), f"{r['auc']:.3f}", f"{r['rank']:g}"]  # type: ignore[arg-type]
+        [str(r["score"]), str(r["label"]), _fmt_pct(float(r["max_zeroed"])), auc(float(r["auc"])), f"{r['rank']:g}"]  # type: ignore[arg-type]
         for r in rows
     ]
 
