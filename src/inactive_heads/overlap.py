@@ -20,7 +20,7 @@ import torch
 
 from .scores import SCORE_FUNCTIONS
 from .thresholds import thresholds_from_cdf
-from .uncertainty import DEFAULT_RESAMPLES, resample_counts
+from .uncertainty import DEFAULT_RESAMPLES, item_index, resample_counts
 
 __all__ = ["Overlap", "flagged", "overlap", "threshold_spread"]
 
@@ -99,9 +99,8 @@ def overlap(
     items = np.asarray(row_items)
     if items.shape != (sets.shape[1],):
         raise ValueError(f"{items.shape[0]} row items for {sets.shape[1]} calibration rows; give one item per row")
-    ids, dense = np.unique(items, return_inverse=True)
-    draws = resample_counts(ids.size, n_resamples, seed)
-    iou_s, precision_s = _resampled(sets.astype(np.float64), dense.reshape(-1), draws)
+    index, n_items = item_index(items)
+    iou_s, precision_s = _resampled(sets.astype(np.float64), index, resample_counts(n_items, n_resamples, seed))
     tail = (1 - level) / 2 * 100
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)  # all-NaN pairs: a function flags nothing

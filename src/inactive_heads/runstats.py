@@ -18,7 +18,15 @@ from .overlap import Overlap, overlap, threshold_spread
 from .rundir import RunData, score_label
 from .scores import SCORE_FUNCTIONS
 from .thresholds import resampled_thresholds
-from .uncertainty import DEFAULT_RESAMPLES, Bootstrap, Interval, bootstrap_run, independent_counts, percentile_interval
+from .uncertainty import (
+    DEFAULT_RESAMPLES,
+    Bootstrap,
+    Interval,
+    bootstrap_run,
+    independent_counts,
+    item_index,
+    percentile_interval,
+)
 
 __all__ = [
     "calibration_label",
@@ -191,10 +199,8 @@ def _resampled_thresholds(
     calibrated = {t: (r.scores, r.row_items) for t, r in runs.items()}
     if n_resamples < 1 or any(scores is None or items is None for scores, items in calibrated.values()):
         return None
-    dense = {
-        t: np.unique(np.asarray(items), return_inverse=True)[1].reshape(-1) for t, (_, items) in calibrated.items()
-    }
-    counts = independent_counts([int(d.max()) + 1 for d in dense.values()], n_resamples, seed)
+    dense = {t: item_index(items) for t, (_, items) in calibrated.items()}  # type: ignore[arg-type]
+    counts = independent_counts([n for _, n in dense.values()], n_resamples, seed)
     out = {}
     for (task, (scores, _)), draws in zip(calibrated.items(), counts, strict=True):
         assert scores is not None  # checked above
@@ -205,7 +211,7 @@ def _resampled_thresholds(
             except KeyError:  # its raw statistics were not recorded: no interval for this score
                 continue
             side = SCORE_FUNCTIONS[score].inactive_when
-            thresholds = resampled_thresholds(values, side, targets, dense[task], draws)
+            thresholds = resampled_thresholds(values, side, targets, dense[task][0], draws)
             out.update({(task, score, p): thresholds[:, j] for j, p in enumerate(targets)})
     return out
 

@@ -22,6 +22,7 @@ __all__ = [
     "bootstrap_run",
     "bootstrap_wasserstein",
     "independent_counts",
+    "item_index",
     "percentile_interval",
     "resample_counts",
 ]
@@ -168,9 +169,10 @@ def _flat(values: np.ndarray, items: np.ndarray) -> tuple[np.ndarray, np.ndarray
     return per_row[keep], item_of[keep]
 
 
-def _dense(items: np.ndarray) -> tuple[np.ndarray, int]:
-    uniq, dense = np.unique(items, return_inverse=True)
-    return dense.reshape(-1), uniq.size
+def item_index(row_items: Sequence[int] | np.ndarray) -> tuple[np.ndarray, int]:
+    """Each row's item as ``0 .. n-1`` (the columns of :func:`resample_counts`), and ``n``."""
+    ids, index = np.unique(np.asarray(row_items), return_inverse=True)
+    return index.reshape(-1), ids.size
 
 
 def _resampled_w1(
@@ -232,6 +234,6 @@ def bootstrap_wasserstein(
         da, db = index[: ia.size], index[ia.size :]
         counts_a = counts_b = resample_counts(ids.size, n_resamples, seed)
     else:
-        (da, na), (db, nb) = _dense(ia), _dense(ib)
+        (da, na), (db, nb) = item_index(ia), item_index(ib)
         counts_a, counts_b = independent_counts([na, nb], n_resamples, seed)
     return percentile_interval(point, _resampled_w1(va, da, counts_a, vb, db, counts_b), level)
