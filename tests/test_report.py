@@ -7,12 +7,13 @@ import pytest
 import torch
 
 from inactive_heads.analysis import Curve, common_fraction_range, max_zeroed_within, normalized_auc
-from inactive_heads.compare import compare_runs
+from inactive_heads.compare import compare_runs, depth_w1_intervals, score_distances
 from inactive_heads.document import render_table
 from inactive_heads.report import _pairwise_w1, write_report
 from inactive_heads.rundir import CELL_FIELDS, load_run, run_digest
 from inactive_heads.scores import SCORE_FUNCTIONS, HeadScores
 from inactive_heads.store import ResultStore, atomic_write_json, cell_key
+from inactive_heads.uncertainty import independent_counts
 
 _TARGETS = (0.0, 0.05, 0.10, 0.15, 0.20, 0.25, 0.30)
 # (knee, slope): accuracy stays at baseline until the knee, then falls linearly.
@@ -191,6 +192,32 @@ def test_compare_runs_across_layer_counts(runs, tmp_path):
         assert pooled == pytest.approx(_w1_by_quantiles(a[score], b[score]), rel=1e-3), score
         assert per_mean == pytest.approx(np.mean(per), rel=1e-3), score
         assert per_max == pytest.approx(np.max(per), rel=1e-3), score
+
+
+def test_depth_w1_intervals_are_a_loop_over_resampled_items(runs, tmp_path):
+    """Per relative-depth bin, the interval is the percentile range of W1 between explicitly repeated items."""
+    a, b = load_run(runs[0]), load_run(runs[1])
+    assert depth_w1_intervals(a, b, "ahon") is None  # no row items recorded: no intervals
+    items_a, items_b = np.arange(16) // 2, np.arange(16) // 4  # 8 items of 2 rows, 4 items of 4 rows
+    for run, items in ((a, items_a), (b, items_b)):
+        run.calibration_meta["row_items"] = items.tolist()
+    r, seed = 120, 3
+    got = depth_w1_intervals(a, b, "ahon", n_resamples=r, seed=seed)
+    counts_a, counts_b = independent_counts([8, 4], r, seed)  # calibrated on different items: unpaired
+    sa, sb = a.scores["ahon"].numpy(), b.scores["ahon"].numpy()
+    assert got is not None and len(got) == 4
+    for iv, la, lb in zip(got, _depth_bins(4, 4), _depth_bins(6, 4), strict=True):
+        assert iv.value == pytest.approx(_w1_by_quantiles(sa[:, la], sb[:, lb]), rel=1e-9)
+        loop = []
+        for ca, cb in zip(counts_a, counts_b, strict=True):
+            rep_a = np.concatenate([sa[items_a == i][:, la].ravel() for i in np.repeat(np.arange(8), ca)])
+            rep_b = np.concatenate([sb[items_b == i][:, lb].ravel() for i in np.repeat(np.arange(4), cb)])
+            loop.append(_w1_by_quantiles(rep_a, rep_b))
+        assert (iv.low, iv.high) == pytest.approx(tuple(np.percentile(loop, [2.5, 97.5])), rel=1e-9)
+    header, rows, _ = score_distances(a, b, ["ahon"], n_resamples=r, seed=seed)
+    assert header[-1] == "W1 per depth (max) [95% CI]"
+    top = max(got, key=lambda iv: iv.value)
+    assert rows[0][3] == f"{top.value:.4g} [{top.low:.4g}, {top.high:.4g}]"
 
 
 def test_render_table_formats():

@@ -18,6 +18,7 @@ __all__ = [
     "TABLE2_TOLERANCE",
     "Curve",
     "common_fraction_range",
+    "depth_bins",
     "max_zeroed_within",
     "normalized_auc",
     "rank_scores",
@@ -235,6 +236,13 @@ def _depth_bins(n_layers: int, n_bins: int) -> list[list[int]]:
     return bins
 
 
+def depth_bins(n_layers_a: int, n_layers_b: int) -> list[tuple[list[int], list[int]]]:
+    """The layers of two models matched by relative depth: ``min(L_a, L_b)`` equal-width bins over depth
+    ``(l + 0.5) / L``, each as (layers of a, layers of b); one layer each when the layer counts are equal."""
+    n = min(n_layers_a, n_layers_b)
+    return list(zip(_depth_bins(n_layers_a, n), _depth_bins(n_layers_b, n), strict=True))
+
+
 @overload
 def wasserstein_table(
     scores_a: Mapping[str, torch.Tensor],
@@ -272,8 +280,8 @@ def wasserstein_table(
 
     ``per_layer=False``: name -> distance between the pooled (rows x layers x heads) samples.
     ``per_layer=True``: name -> one distance per layer when both have the same layer count; otherwise per relative
-    depth bin, with ``min(L_a, L_b)`` equal-width bins over depth ``(l + 0.5) / L`` and each bin's layers pooled, so a
-    12-layer and a 24-layer model are compared as 12 bins of 1 resp. 2 layers. Head counts may differ.
+    depth bin (:func:`depth_bins`), each bin's layers pooled, so a 12-layer and a 24-layer model are compared as 12
+    bins of 1 resp. 2 layers. Head counts may differ.
     """
     chosen = [n for n in (scores_a if names is None else names) if n in scores_a and n in scores_b]
     if not per_layer:
@@ -281,15 +289,7 @@ def wasserstein_table(
     out: dict[str, list[float]] = {}
     for n in chosen:
         ta, tb = scores_a[n], scores_b[n]
-        la, lb = ta.shape[1], tb.shape[1]
-        if la == lb:
-            out[n] = [wasserstein1(ta[:, i], tb[:, i]) for i in range(la)]
-        else:
-            nb = min(la, lb)
-            out[n] = [
-                wasserstein1(ta[:, ia], tb[:, ib])
-                for ia, ib in zip(_depth_bins(la, nb), _depth_bins(lb, nb), strict=True)
-            ]
+        out[n] = [wasserstein1(ta[:, ia], tb[:, ib]) for ia, ib in depth_bins(ta.shape[1], tb.shape[1])]
     return out
 
 
