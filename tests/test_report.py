@@ -220,6 +220,29 @@ def test_depth_w1_intervals_are_a_loop_over_resampled_items(runs, tmp_path):
     assert rows[0][3] == f"{top.value:.4g} [{top.low:.4g}, {top.high:.4g}]"
 
 
+def test_png_is_a_deterministic_palette_image_of_the_render():
+    import io
+
+    from PIL import Image
+
+    from inactive_heads.figures import figure, png
+
+    fig = figure(3, 2)
+    ax = fig.add_subplot()
+    x = np.linspace(0, 1, 50)
+    for k in range(12):
+        ax.plot(x, x**k, label=str(k))
+    ax.imshow(np.random.default_rng(0).random((8, 8)), cmap="Blues", extent=(0, 1, 0, 1))
+    data = png(fig)
+    assert data == png(fig)
+    small = Image.open(io.BytesIO(data))
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", bbox_inches="tight")
+    full = np.asarray(Image.open(buf).convert("RGB"), dtype=np.float64)
+    assert small.mode == "P" and small.size == (full.shape[1], full.shape[0])
+    assert np.abs(np.asarray(small.convert("RGB"), dtype=np.float64) - full).mean() < 1.0
+
+
 def test_render_table_formats():
     header, rows = ["score", "a|b", "n"], [["ahon", "x<y", "1.5"], ["random", "", "12.25"]]
     assert render_table(header, rows) == (
