@@ -146,6 +146,26 @@ def test_report_table2_matches_analysis_of_stored_cells(runs, report):
         assert rows["ahon"][1] == SCORE_FUNCTIONS["ahon"].label
 
 
+def test_cells_csv_has_every_stored_cell(runs, report):
+    import csv
+
+    with (report[0].parent / "cells.csv").open(newline="") as f:
+        table = list(csv.DictReader(f))
+    for run_dir in runs:
+        run = load_run(run_dir)
+        rows = [r for r in table if r["model"] == run.name]
+        assert len(rows) == len(run.cells) == 1 + len(_SHAPES) * len(_TARGETS)
+        assert rows[0]["score"] == "baseline" and rows[0]["target"] == "" and float(rows[0]["delta"]) == 0
+        stored = {(c.get("score") or "baseline", c.get("target")): c for c in run.cells}
+        for r in rows:
+            cell = stored[r["score"], None if r["target"] == "" else float(r["target"])]
+            assert float(r["accuracy"]) == pytest.approx(cell["accuracy"], rel=1e-5)
+            assert float(r["fraction_zeroed"]) == pytest.approx(cell["fraction_zeroed"], rel=1e-5, abs=1e-9)
+            assert float(r["delta"]) == pytest.approx(cell["accuracy"] - run.baseline, abs=1e-6)
+            assert r["task"] == "piqa" and r["n_items"] == "50" and r["delta_low"] == r["delta_high"] == ""
+            assert r["calibration"] == "calibrated on the evaluated items"
+
+
 def test_report_wasserstein_section_is_w1_of_pooled_calibration_scores(runs, report):
     md = report[0].read_text(encoding="utf-8")
     section = _section(md, "Wasserstein-1 distance between score distributions")

@@ -7,6 +7,7 @@ executor and with Ray on a local instance of 2 CPUs. Tests marked ``ray`` start 
 from __future__ import annotations
 
 import contextlib
+import csv
 import json
 import os
 import re
@@ -25,7 +26,8 @@ from _tiny import tiny_model, tiny_tokenizer
 import inactive_heads as ih
 from inactive_heads.cli import main
 from inactive_heads.executors import LocalExecutor, RayExecutor
-from inactive_heads.rundir import Cell
+from inactive_heads.rundir import Cell, load_run
+from inactive_heads.runstats import run_bootstrap
 from inactive_heads.scores import _SCORE_FUNCTIONS
 from inactive_heads.tasks import _TASKS
 
@@ -159,6 +161,23 @@ def test_local_study_computes_every_cell_and_writes_one_report(local_run):
     assert re.search(r"^\| ahon_ln \| [\d.e-]+ \[[\d.e-]+, [\d.e-]+\] \|", pair, flags=re.M)
     assert "| lthon_hn |" not in pair
     assert local_run.report is not None and local_run.report.is_file()
+    # cells.csv: a row per cell, each score cell with the paired bootstrap interval of its run
+    with (local_run.out / "report" / "cells.csv").open(newline="") as f:
+        table = list(csv.DictReader(f))
+    assert len(table) == _CELLS
+    for run_dir in local_run.runs.values():
+        run = load_run(run_dir)
+        boot = run_bootstrap(run, 1000, 0)  # the report's resamples and seed
+        assert boot is not None
+        rows = [r for r in table if r["model"] == run.name and r["task"] == run.run["task"]]
+        assert len(rows) == len(run.cells) == 3 and rows[0]["score"] == "baseline" and rows[0]["delta_low"] == ""
+        for r in rows[1:]:
+            (iv,) = [
+                iv
+                for (s, f), iv in boot.cells.items()
+                if s == r["score"] and f == pytest.approx(float(r["fraction_zeroed"]), rel=1e-5)
+            ]
+            assert (float(r["delta_low"]), float(r["delta_high"])) == pytest.approx((iv.low, iv.high), abs=1e-5)
 
 
 def test_rerun_computes_nothing_and_a_changed_study_adds_only_its_new_cells(local_run, workspace, tmp_path):

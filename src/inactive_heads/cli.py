@@ -414,7 +414,7 @@ def _parser() -> argparse.ArgumentParser:
     _add_sweep_options(p, "all", DEFAULT_TARGETS)
     p.set_defaults(fn=_cmd_sweep)
 
-    p = add("report", "Markdown + self-contained HTML report over run directories")
+    p = add("report", "Markdown + self-contained HTML report (and cells.csv) over run directories")
     p.add_argument("run_dirs", nargs="+", type=Path)
     p.add_argument("-o", "--out", type=Path, required=True)
     p.set_defaults(fn=_cmd_report)

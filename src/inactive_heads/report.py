@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import csv
+import io
 import math
 from collections.abc import Iterable, Sequence
 from pathlib import Path
@@ -72,11 +74,16 @@ def _table2_rows(rows: list[dict[str, object]]) -> list[list[str]]:
     ]
 
 
-def _cell_rows(run: RunData, boot: Bootstrap | None = None) -> list[list[str]]:
+def _sorted_cells(run: RunData) -> list[dict[str, Any]]:
+    """The baseline first, then each score function's cells by target, score functions in the run's order."""
     order: dict[str | None, int] = {n: k for k, n in enumerate(run.score_names)}
-    cells = sorted(
+    return sorted(
         run.cells, key=lambda c: (c.get("score") is not None, order.get(c.get("score"), -1), c.get("target") or 0.0)
     )
+
+
+def _cell_rows(run: RunData, boot: Bootstrap | None = None) -> list[list[str]]:
+    cells = _sorted_cells(run)
     base = run.baseline
 
     def num(value: Any, fmt: str) -> str:
@@ -103,6 +110,38 @@ def _delta_interval(boot: Bootstrap, cell: dict[str, Any]) -> str:
     return "–" if iv is None else f"[{100 * iv.low:+.1f}, {100 * iv.high:+.1f}]"
 
 
+_CSV_HEADER = [
+    "model", "task", "shots", "limit", "calibration", "score", "target", "threshold", "fraction_zeroed",
+    "accuracy", "delta", "delta_low", "delta_high", "acc_norm", "n_items",
+]  # fmt: skip
+
+
+def _cells_csv(runs: Sequence[RunData], boots: Sequence[Bootstrap | None]) -> str:
+    """Every shown cell of every run, one CSV row each: fractions as fractions (not %), ``delta`` = accuracy minus
+    the run's baseline with its bootstrap interval where the run has one; empty fields where a value does not apply."""
+    out = io.StringIO()
+    writer = csv.writer(out, lineterminator="\n")
+    writer.writerow(_CSV_HEADER)
+
+    def num(value: Any) -> str:
+        return "" if value is None else f"{value:.6g}"
+
+    for run, boot in zip(runs, boots, strict=True):
+        cfg, label = run.settings, calibration_label(run)
+        for c in _sorted_cells(run):
+            score = c.get("score")
+            iv = None if boot is None or score is None else boot.cells.get((score, float(c["fraction_zeroed"])))
+            writer.writerow(
+                [
+                    run.name, cfg.get("task"), cfg.get("shots"), cfg.get("limit"), label, score or "baseline",
+                    num(c.get("target")), num(c.get("threshold")), num(c["fraction_zeroed"]), num(c["accuracy"]),
+                    num(c["accuracy"] - run.baseline), num(iv and iv.low), num(iv and iv.high),
+                    num(c.get("acc_norm")), c.get("n_items"),
+                ]
+            )  # fmt: skip
+    return out.getvalue()
+
+
 def _pairwise_w1(runs: Sequence[RunData]) -> tuple[list[str], list[list[str]]] | None:
     with_scores = [r for r in runs if r.scores is not None]
     if len(with_scores) < 2:
@@ -115,7 +154,8 @@ def _pairwise_w1(runs: Sequence[RunData]) -> tuple[list[str], list[list[str]]] |
 
 
 def write_report(run_dirs: Iterable[str | Path], out_dir: str | Path) -> tuple[Path, Path]:
-    """Write ``report.md`` (PNG figures next to it) and a self-contained ``report.html`` into ``out_dir``."""
+    """Write ``report.md`` (PNG figures next to it), a self-contained ``report.html`` and ``cells.csv`` (every cell,
+    a row each) into ``out_dir``."""
     runs = [load_run(d) for d in run_dirs]
     if not runs:
         raise ValueError("no run directories given")
@@ -146,13 +186,14 @@ def write_report(run_dirs: Iterable[str | Path], out_dir: str | Path) -> tuple[P
         doc.p("Pooled raw scores; raw norms depend on the model's scale, the LN variants are comparable across models.")
         doc.table(*w1)
 
-    return _write(doc, out_dir, "Inactive heads report")
+    return _write(doc, out_dir, "Inactive heads report", _cells_csv(runs, [None] * len(runs)))
 
 
-def _write(doc: Document, out_dir: Path, title: str) -> tuple[Path, Path]:
+def _write(doc: Document, out_dir: Path, title: str, cells_csv: str) -> tuple[Path, Path]:
     out_dir.mkdir(parents=True, exist_ok=True)
     for filename, data in doc.images.items():
         atomic_write_bytes(out_dir / filename, data)
+    atomic_write_text(out_dir / "cells.csv", cells_csv)
     md_path, html_path = out_dir / "report.md", out_dir / "report.html"
     atomic_write_text(md_path, doc.markdown())
     atomic_write_text(html_path, doc.html(title))
@@ -253,7 +294,8 @@ def write_study_report(
     n_resamples: int = 1000,
     seed: int = 0,
 ) -> tuple[Path, Path]:
-    """One report over the run directories of a study: ``report.md`` (PNGs beside it) and ``report.html``.
+    """One report over the run directories of a study: ``report.md`` (PNGs beside it), ``report.html`` and
+    ``cells.csv`` (every shown cell, a row each, with its bootstrap interval).
 
     ``runs``: (run directory, keys of the cells to show; None: all of the run's). Per task (with its shots and
     limit): Table 2 across models, the rank heatmap and rank agreement, the score CDFs and pairwise W1, then each
@@ -346,7 +388,7 @@ def write_study_report(
                     cdf = cdf_figure(present)
                     if cdf is not None:
                         doc.img(png(cdf), f"series_{t}_{slug(name)}_cdfs.png", f"{name}: score CDFs")
-    return _write(doc, Path(out_dir), title)
+    return _write(doc, Path(out_dir), title, _cells_csv(loaded, [boots[id(r)] for r in loaded]))
 
 
 def _shown(run: RunData, keys: Iterable[str] | None) -> RunData:
