@@ -196,6 +196,31 @@ def test_rerun_computes_nothing_and_a_changed_study_adds_only_its_new_cells(loca
     assert "| ahon_sq | 0.5 |" not in md and "| ahon_sq | 0.25 |" in md
 
 
+def test_status_counts_stored_and_missing_cells_without_running_anything(local_run, workspace, tmp_path, capsys):
+    file = _study_file(workspace)
+    fresh = ih.study_status(file, tmp_path / "nothing")
+    assert [(r.model, r.task, r.calibrated, r.planned, r.stored) for r in fresh] == [
+        (m, t, False, 3, 0) for m in ("llama", "qwen") for t in ("recall", "recall_short")
+    ]
+    assert not (tmp_path / "nothing").exists()
+    out = tmp_path / "study"
+    shutil.copytree(local_run.out, out, copy_function=shutil.copy2)
+    cells = sorted((out / "runs").glob("llama--recall-*/cells/*.json"))
+    assert len(cells) == 3
+    cells[0].unlink()
+    before = _snapshot(out)
+    status = {(r.model, r.task): r for r in ih.study_status(file, out)}
+    assert _snapshot(out) == before  # read only
+    assert status["llama", "recall"].stored == 2 and status["llama", "recall"].left == 1
+    assert all(r.calibrated and r.planned == 3 and r.left == 0 for k, r in status.items() if k != ("llama", "recall"))
+    stored = [json.loads(p.read_text())["seconds"] for p in cells[1:]]
+    assert sorted(status["llama", "recall"].cell_seconds) == pytest.approx(sorted(stored))
+    capsys.readouterr()
+    assert main(["study", str(file), "--out", str(out), "--status"]) in (0, None)
+    printed = capsys.readouterr().out
+    assert "11 of 12 cells stored" in printed and re.search(r"^llama +recall +recall, same items +2/3 ", printed, re.M)
+
+
 def test_a_study_of_some_models_reports_every_calibrated_run(local_run, workspace, tmp_path):
     """``models=`` runs only those models; the report still shows every run calibrated before."""
     out = tmp_path / "study"

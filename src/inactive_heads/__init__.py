@@ -11,7 +11,7 @@ from .loading import load_model
 from .pruning import HeadInactivity, head_inactivity, prune_heads, save_pruned, static_mask
 from .report import write_report
 from .scores import SCORE_FUNCTIONS, HeadScores, LayerStats, register_score
-from .study import StudyResult, study
+from .study import RunStatus, StudyResult, study, study_status
 from .studyfile import Study, load_study
 from .tasks import TASKS, register_task
 from .thresholds import DEFAULT_TARGETS, thresholds_from_cdf
@@ -28,6 +28,7 @@ __all__ = [
     "HeadScores",
     "LayerStats",
     "Policy",
+    "RunStatus",
     "RunningStats",
     "Study",
     "StudyResult",
@@ -48,6 +49,7 @@ __all__ = [
     "save_pruned",
     "static_mask",
     "study",
+    "study_status",
     "sweep",
     "thresholds_from_cdf",
     "watch",

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import re
+import statistics
 import sys
 import time
 from collections.abc import Sequence
@@ -176,9 +177,38 @@ def _cmd_compare(args: argparse.Namespace) -> None:
     print(f"figure: {figure.resolve()}")
 
 
+def _print_study_status(args: argparse.Namespace) -> None:
+    from .document import render_table
+    from .study import study_status
+
+    runs = study_status(args.study, args.out, args.limit)
+    by_model: dict[str, list[float]] = {}
+    for r in runs:
+        by_model.setdefault(r.model, []).extend(r.cell_seconds)
+    rows, left_total, unknown = [], 0.0, False
+    for r in runs:
+        # A median, as a cell's wall time includes any pause of its process. Cell time differs between models far
+        # more than between one model's tasks: estimate from the run itself, else from the model's other runs.
+        seen = r.cell_seconds or by_model[r.model]
+        left = r.left * statistics.median(seen) if seen else None
+        left_total += left or 0.0
+        unknown |= left is None and r.left > 0
+        cells = f"{r.stored}/{r.planned}" + ("" if r.calibrated else " (not calibrated)")
+        eta = "?" if left is None else f"{left / 3600:.1f}"
+        rows.append([r.model, r.task, r.calibration, cells, f"{sum(r.cell_seconds) / 3600:.1f}", eta])
+    header = ["model", "task", "calibration", "cells stored", "hours so far", "hours left (est.)"]
+    print(render_table(header, rows, fmt="text", align="lllrrr"))
+    stored, planned = sum(r.stored for r in runs), sum(r.planned for r in runs)
+    note = " (runs marked ? not included)" if unknown else ""
+    print(f"{stored} of {planned} cells stored; about {left_total / 3600:.1f} hours of cell time left{note}")
+
+
 def _cmd_study(args: argparse.Namespace) -> None:
     from .study import study
 
+    if args.status:
+        _print_study_status(args)
+        return
     result = study(
         args.study, args.out, executor=args.executor, address=args.address, limit=args.limit,
         models=() if args.report_only else args.models,
@@ -443,6 +473,10 @@ def _parser() -> argparse.ArgumentParser:
         help="run only these models of the study (the report covers every run with a stored baseline)",
     )  # fmt: skip
     p.add_argument("--report-only", action="store_true", help="run nothing; write the report of what is stored")
+    p.add_argument(
+        "--status", action="store_true",
+        help="run nothing; print the cells stored and left per run, with the time left estimated from stored cells",
+    )  # fmt: skip
     p.set_defaults(fn=_cmd_study)
 
     p = add("prune", "remove the heads a calibration finds most often inactive; measure size, speed and accuracy")

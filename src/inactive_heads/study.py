@@ -32,7 +32,7 @@ from .store import atomic_write_json, package_version
 from .studyfile import Study, StudyModel, StudyTask, load_study
 from .tasks import DATA_ENV, Task, get_task
 
-__all__ = ["StudyResult", "study"]
+__all__ = ["RunStatus", "StudyResult", "study", "study_status"]
 
 _CACHE_ENV = "INACTIVE_HEADS_CACHE"
 
@@ -208,6 +208,60 @@ class _Plan:
         return [_Cell(run, c) for c in missing]
 
 
+def _resolve(study: str | Path | Study, out: str | Path | None, limit: int | None) -> tuple[Study, Path]:
+    """The study (its file parsed, reduced to ``limit`` items per task) and its directory (default studies/<name>)."""
+    spec = study if isinstance(study, Study) else load_study(study)
+    if limit is not None:
+        spec = spec.with_limit(limit)
+    return spec, Path(out) if out is not None else Path("studies") / spec.name
+
+
+@dataclass(frozen=True)
+class RunStatus:
+    """How far one (model, task) run of a study is: ``planned`` cells (an upper bound until it is calibrated, as
+    tied targets share a cell) and the wall time of each stored cell (``cell_seconds``)."""
+
+    model: str
+    task: str
+    calibration: str
+    calibrated: bool
+    planned: int
+    cell_seconds: tuple[float, ...]
+
+    @property
+    def stored(self) -> int:
+        return len(self.cell_seconds)
+
+    @property
+    def left(self) -> int:
+        return self.planned - self.stored
+
+
+def study_status(study: str | Path | Study, out: str | Path | None = None, limit: int | None = None) -> list[RunStatus]:
+    """What :func:`study` has stored in ``out`` so far, per run of ``study``, without loading a model or
+    evaluating anything (``out`` and ``limit`` as in :func:`study`)."""
+    spec, out = _resolve(study, out, limit)
+    status = []
+    for m, t in spec.runs():
+        rd = RunDir(out / "runs" / spec.run_name(m, t))
+        scores, targets = spec.scores_of(t), spec.targets_of(t)
+        calibrated = rd.read_meta() is not None
+        keys = [c.key for c in plan_cells(rd.root, scores=scores, targets=targets)] if calibrated else []
+        store = rd.cell_store()
+        cells = [store.get(k) for k in keys if store.has(k)]
+        status.append(
+            RunStatus(
+                model=m.name,
+                task=t.name,
+                calibration=f"{t.calibration_task or t.name}, {t.calibration_items} items",
+                calibrated=calibrated,
+                planned=len(keys) if calibrated else 1 + len(scores) * len(targets),
+                cell_seconds=tuple(float(c.get("seconds") or 0.0) for c in cells),
+            )
+        )
+    return status
+
+
 def study(
     study: str | Path | Study,
     out: str | Path | None = None,
@@ -231,15 +285,12 @@ def study(
     shows only the current study's cells.
     """
     t0 = time.perf_counter()
-    spec = study if isinstance(study, Study) else load_study(study)
-    if limit is not None:
-        spec = spec.with_limit(limit)
+    spec, out = _resolve(study, out, limit)
     names = [m.name for m in spec.models]
     unknown = [m for m in models or () if m not in names]
     if unknown:
         raise ValueError(f"{unknown[0]!r} is not a model of study {spec.name}; its models: {', '.join(names)}")
     runner = _executor(executor, address)
-    out = Path(out) if out is not None else Path("studies") / spec.name
     data_dir = spec.data_dir or os.environ.get(DATA_ENV) or None  # resolved here: workers may not share the env
 
     # Every task is loaded here first, so a missing data file fails before any model is loaded.
