@@ -26,6 +26,7 @@ from _tiny import tiny_model, tiny_tokenizer
 import inactive_heads as ih
 from inactive_heads.cli import main
 from inactive_heads.executors import LocalExecutor, RayExecutor
+from inactive_heads.figures import delta_figure
 from inactive_heads.rundir import Cell, load_run
 from inactive_heads.runstats import run_bootstrap
 from inactive_heads.scores import _SCORE_FUNCTIONS
@@ -178,6 +179,16 @@ def test_local_study_computes_every_cell_and_writes_one_report(local_run):
                 if s == r["score"] and f == pytest.approx(float(r["fraction_zeroed"]), rel=1e-5)
             ]
             assert (float(r["delta_low"]), float(r["delta_high"])) == pytest.approx((iv.low, iv.high), abs=1e-5)
+        # the report's delta figure draws these intervals: per score panel, the line at each cell's Δ, the band
+        fig = delta_figure(run, boot.cells)
+        for ax, name in zip(fig.axes, run.curves(), strict=False):
+            cells = sorted((c for c in run.cells if c.get("score") == name), key=lambda c: c["fraction_zeroed"])
+            want = [boot.cells[name, float(c["fraction_zeroed"])] for c in cells]
+            line = next(ln for ln in ax.get_lines() if ln.get_marker() == "o")
+            assert list(line.get_ydata()) == pytest.approx([0.0, *(100 * iv.value for iv in want)])
+            band = ax.collections[0].get_paths()[0].vertices[:, 1]
+            assert {round(y, 6) for y in band} >= {round(100 * e, 6) for iv in want for e in (iv.low, iv.high)}
+    assert len(list((local_run.out / "report").glob("deltas_*.png"))) == 4
 
 
 def test_rerun_computes_nothing_and_a_changed_study_adds_only_its_new_cells(local_run, workspace, tmp_path):

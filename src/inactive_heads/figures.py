@@ -15,8 +15,18 @@ import numpy as np
 from .analysis import TABLE2_TOLERANCE
 from .rundir import RunData, score_label
 from .scores import SCORE_FUNCTIONS
+from .uncertainty import Interval
 
-__all__ = ["cdf_figure", "curves_figure", "figure", "frontier_figure", "head_heatmap", "png", "rank_heatmap"]
+__all__ = [
+    "cdf_figure",
+    "curves_figure",
+    "delta_figure",
+    "figure",
+    "frontier_figure",
+    "head_heatmap",
+    "png",
+    "rank_heatmap",
+]
 
 _MAX_CDF_POINTS = 2000  # quantiles drawn per CDF; enough for a smooth line, small PNGs
 
@@ -63,6 +73,49 @@ def curves_figure(run: RunData) -> Any:
     ax.set_title(f"{run.name} — {run.run.get('task', '')}")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7, ncol=2, loc="lower left")
+    return fig
+
+
+def delta_figure(run: RunData, cells: Mapping[tuple[str, float], Interval]) -> Any:
+    """Accuracy minus baseline against % of heads zeroed, one panel per score function, each cell's paired
+    bootstrap interval (``cells[(score, fraction zeroed)]``, :class:`~inactive_heads.uncertainty.Bootstrap`) as a
+    band; random's points in grey on every panel, and the one-point tolerance line."""
+    curves = run.curves()
+    cols = min(3, len(curves))
+    rows = math.ceil(len(curves) / cols)
+    fig = figure(3.2 * cols, 2.4 * rows + 0.4)
+    axes = fig.subplots(rows, cols, sharex=True, sharey=True, squeeze=False).ravel()
+
+    def points(name: str) -> tuple[list[float], list[float], list[float], list[float]]:
+        xs, ys, lo, hi = [0.0], [0.0], [0.0], [0.0]
+        for c in curves[name].extra["cells"]:
+            frac = float(c["fraction_zeroed"])
+            iv = cells.get((name, frac))
+            if iv is not None:
+                xs.append(100 * frac)
+                ys.append(100 * iv.value)
+                lo.append(100 * iv.low)
+                hi.append(100 * iv.high)
+        return xs, ys, lo, hi
+
+    reference = points("random") if "random" in curves else None
+    for ax, name in zip(axes, curves, strict=False):
+        xs, ys, lo, hi = points(name)
+        if reference is not None and name != "random":
+            ax.plot(reference[0], reference[1], color="grey", lw=1, marker=".", ms=3, label="random")
+        ax.fill_between(xs, lo, hi, color="tab:blue", alpha=0.2, lw=0, label="95% interval")
+        ax.plot(xs, ys, color="black" if name == "random" else "tab:blue", lw=1.3, marker="o", ms=3)
+        ax.axhline(-100 * TABLE2_TOLERANCE, color="grey", ls=":", lw=1)
+        ax.axhline(0, color="grey", ls="--", lw=0.8)
+        ax.set_title(score_label(name), fontsize=9)
+        ax.grid(alpha=0.3)
+        ax.tick_params(labelsize=7)
+    for ax in axes[len(curves) :]:
+        ax.set_visible(False)
+    axes[0].legend(fontsize=6, loc="lower left")
+    fig.supxlabel("% of heads zeroed (measured)", fontsize=9)
+    fig.supylabel("accuracy − baseline (points)", fontsize=9)
+    fig.suptitle(f"{run.name} — {run.run.get('task', '')}: paired bootstrap intervals", fontsize=10)
     return fig
 
 

@@ -14,7 +14,7 @@ import numpy as np
 from .analysis import spearman, top_k_iou, wasserstein_table, within_tolerance
 from .compare import score_distances, series_distances
 from .document import Document
-from .figures import cdf_figure, curves_figure, head_heatmap, png, rank_heatmap
+from .figures import cdf_figure, curves_figure, delta_figure, head_heatmap, png, rank_heatmap
 from .rundir import RunData, RunDir, load_run, score_label, slug
 from .runstats import (
     calibration_label,
@@ -219,6 +219,8 @@ def _run_section(
             "all of a layer's heads or none; an LN variant is exactly 1 everywhere and zeroes none."
         )
     doc.img(png(curves_figure(run)), f"curves_{tag}.png", f"accuracy vs % zeroed, {run.name}")
+    if boot is not None:
+        doc.img(png(delta_figure(run, boot.cells)), f"deltas_{tag}.png", f"accuracy − baseline, {run.name}")
     best = _best_cell(run, rows)
     if best is not None:
         doc.img(png(head_heatmap(run, *best)), f"heads_{tag}.png", f"zeroed heads, {run.name}")
