@@ -229,7 +229,7 @@ def test_status_counts_stored_and_missing_cells_without_running_anything(local_r
     capsys.readouterr()
     assert main(["study", str(file), "--out", str(out), "--status"]) in (0, None)
     printed = capsys.readouterr().out
-    assert "11 of 12 cells stored" in printed and re.search(r"^llama +recall +recall, same items +2/3 ", printed, re.M)
+    assert "11 of 12 cells stored" in printed and re.search(r"^llama +recall +same items +2/3 ", printed, re.M)
 
 
 def test_a_study_of_some_models_reports_every_calibrated_run(local_run, workspace, tmp_path):

@@ -201,7 +201,7 @@ class _Plan:
         scores, targets = self.spec.scores_of(run.task), self.spec.targets_of(run.task)
         cells = plan_cells(run.dir, scores=scores, targets=targets)
         self.keys[run.dir] = [c.key for c in cells]
-        self.total -= 1 + len(scores) * len(targets) - len(cells)  # tied targets share a cell
+        self.total -= self.spec.grid_cells(run.task) - len(cells)  # tied targets share a cell
         store = RunDir(run.dir).cell_store()
         missing = [c for c in cells if not store.has(c.key)]
         self.reused += len(cells) - len(missing)
@@ -253,9 +253,9 @@ def study_status(study: str | Path | Study, out: str | Path | None = None, limit
             RunStatus(
                 model=m.name,
                 task=t.name,
-                calibration=f"{t.calibration_task or t.name}, {t.calibration_items} items",
+                calibration=f"on {t.calibration_task}" if t.calibration_task else f"{t.calibration_items} items",
                 calibrated=calibrated,
-                planned=len(keys) if calibrated else 1 + len(scores) * len(targets),
+                planned=len(keys) if calibrated else spec.grid_cells(t),
                 cell_seconds=tuple(float(c.get("seconds") or 0.0) for c in cells),
             )
         )

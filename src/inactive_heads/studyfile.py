@@ -96,7 +96,12 @@ class Study:
     def max_cells(self) -> int:
         """Cells of the grid: per (model, task) the baseline and every (score, target). Targets that calibrate to
         the same threshold share a cell, so a study may store fewer."""
-        return sum(1 + len(self.scores_of(t)) * len(self.targets_of(t)) for _, t in self.runs())
+        return sum(self.grid_cells(t) for _, t in self.runs())
+
+    def grid_cells(self, task: StudyTask) -> int:
+        """Cells of one run of ``task``'s grid: the baseline and every (score, target); tied targets share a cell,
+        so a calibrated run may plan fewer."""
+        return 1 + len(self.scores_of(task)) * len(self.targets_of(task))
 
     def runs(self) -> list[tuple[StudyModel, StudyTask]]:
         """Every (model, task) of the grid, model by model in the file's order."""
