@@ -93,6 +93,12 @@ def test_common_range_and_table2():
     rows = table2([b, r, a, flat])
     assert rows[-1]["score"] == "flat" and rows[-1]["max_zeroed"] == 0 and math.isnan(rows[-1]["auc"])
     assert rows[0]["auc"] == pytest.approx(a.auc(0.28))
+    # A value is a lower bound only where the curve zeroes heads and ends within the tolerance.
+    assert not any(row["lower_bound"] for row in rows)
+    ends = Curve("ends", [(0.0, 0.6), (0.3, 0.591), (0.1, 0.58)], baseline=0.6)  # unsorted: the last is 0.3
+    (row,) = table2([ends])
+    assert row["lower_bound"] and row["max_zeroed"] == pytest.approx(0.3)
+    assert not Curve("x", [(0.1, 0.6), (0.2, 0.58)], baseline=0.6).ends_within()
 
 
 def test_rank_scores_ties_and_nan():

@@ -53,9 +53,10 @@ def _cells(run_dir: Path) -> list[dict]:
     return [json.loads(p.read_text()) for p in sorted((run_dir / "cells").glob("*.json"))]
 
 
-def _table2_from_markdown(md: str) -> dict[str, tuple[float, float]]:
-    rows = re.findall(r"^\| (\w+) \| [^|]+ \| ([\d.]+) \| ([\d.]+) \| [\d.]+ \|$", md, flags=re.M)
-    return {name: (float(pct), float(auc)) for name, pct, auc in rows}
+def _table2_from_markdown(md: str) -> dict[str, tuple[float, float, bool]]:
+    """score -> (max % zeroed, AUC, whether the value is marked as a lower bound)."""
+    rows = re.findall(r"^\| (\w+) \| [^|]+ \| (≥?)([\d.]+) \| ([\d.]+) \| [\d.]+ \|$", md, flags=re.M)
+    return {name: (float(pct), float(auc), bound == "≥") for name, bound, pct, auc in rows}
 
 
 def _main(argv: list[str]) -> str:
@@ -137,8 +138,10 @@ def test_report_table2_is_computed_from_the_stored_cells(swept, report):
     base = (0.0, baseline)  # every curve starts at the baseline
     curves = {s: [base] + [(c["fraction_zeroed"], c["accuracy"]) for c in cells if c["score"] == s] for s in table}
     hi = min(max(x for x, _ in pts) for pts in curves.values())
-    for s, (pct, auc) in table.items():
+    for s, (pct, auc, bound) in table.items():
         assert pct == pytest.approx(100 * analysis.max_zeroed_within(curves[s], baseline), abs=0.051)
+        last = max(curves[s])  # the largest fraction measured: a lower bound when still within one point there
+        assert bound == (last[0] > 0 and last[1] >= baseline - 0.01 - 1e-9), s
         assert auc == pytest.approx(analysis.normalized_auc(curves[s], baseline, hi), abs=5e-4)
 
 

@@ -146,7 +146,7 @@ def test_local_study_computes_every_cell_and_writes_one_report(local_run):
         assert heading in md
     assert "| score | label | llama | qwen | mean rank |" in md  # Table 2 across models, per task
     # Bootstrap intervals beside Table 2's values and ranks, and which rank differences are significant.
-    assert re.search(r"\| AHON \(LN\) \| \d+\.\d \[\d+\.\d, \d+\.\d\] \(\d(\.5)? \[\d", md)
+    assert re.search(r"\| AHON \(LN\) \| ≥?\d+\.\d \[\d+\.\d, \d+\.\d\] \(\d(\.5)? \[\d", md)
     assert md.count("rank differences significant at 95%") == 4
     assert md.count("| llama vs qwen | 2 | – | – |") == 2  # two shared scores: no rank correlation to speak of
     assert "## Overlap between score functions" in md and "### llama — calibration on recall" in md

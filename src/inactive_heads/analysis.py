@@ -79,6 +79,12 @@ class Curve:
     def max_zeroed_within(self, tol: float = TABLE2_TOLERANCE) -> float:
         return max_zeroed_within(self.points, self.baseline, tol)
 
+    def ends_within(self, tol: float = TABLE2_TOLERANCE) -> bool:
+        """Whether the curve zeroes heads and is still within ``tol`` at its largest fraction: then
+        :meth:`max_zeroed_within` is that fraction, a lower bound set by the targets measured."""
+        x, acc = _sorted_points(self.points)[-1]
+        return x > 0 and within_tolerance(acc, self.baseline, tol)
+
     def auc(self, x_max: float | None = None) -> float:
         """:func:`normalized_auc`; NaN when the baseline accuracy is 0 (nothing to normalise by)."""
         return normalized_auc(self.points, self.baseline, x_max) if self.baseline > 0 else math.nan
@@ -304,7 +310,9 @@ def zero_frequency(zeroed: torch.Tensor | np.ndarray) -> torch.Tensor:
 def table2(
     curves: Iterable[Curve], tol: float = TABLE2_TOLERANCE, x_max: float | None = None
 ) -> list[dict[str, object]]:
-    """One row per curve: score, label, ``max_zeroed`` (fraction), ``auc`` over a common range, and ``rank``.
+    """One row per curve: score, label, ``max_zeroed`` (fraction), ``lower_bound`` (:meth:`Curve.ends_within`: the
+    curve never left the tolerance, so ``max_zeroed`` is only the largest fraction measured), ``auc`` over a common
+    range, and ``rank``.
 
     Ranking is by ``max_zeroed`` (higher is better), ties broken by AUC; ``x_max`` defaults to the common range.
     A curve that zeroes no heads has no AUC over a range it never enters (NaN).
@@ -318,6 +326,13 @@ def table2(
     ranks = rank_scores({c.score: mz + (0.0 if math.isnan(auc) else 1e-6 * auc) for c, mz, auc in measured})
     measured.sort(key=lambda m: ranks[m[0].score])
     return [
-        {"score": c.score, "label": c.label, "max_zeroed": mz, "auc": auc, "rank": ranks[c.score]}
+        {
+            "score": c.score,
+            "label": c.label,
+            "max_zeroed": mz,
+            "lower_bound": c.ends_within(tol),
+            "auc": auc,
+            "rank": ranks[c.score],
+        }
         for c, mz, auc in measured
     ]

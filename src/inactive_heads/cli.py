@@ -137,6 +137,7 @@ def _run_sweep(args: argparse.Namespace, model: Any, tok: Any, run_dir: Path) ->
 def _print_table2(run_dir: Path) -> None:
     from .document import render_table
     from .rundir import load_run
+    from .runstats import max_zeroed_text
 
     run = load_run(run_dir)
     print(f"\n{run.name} on {run.run['task']}: baseline accuracy {100 * run.baseline:.2f}%")
@@ -145,7 +146,7 @@ def _print_table2(run_dir: Path) -> None:
         [
             str(row["score"]),
             str(row["label"]),
-            f"{100 * float(row['max_zeroed']):.2f}",  # type: ignore[arg-type]
+            max_zeroed_text(row, fmt=".2f"),
             f"{float(row['auc']):.3f}",  # type: ignore[arg-type]
             f"{float(row['rank']):.1f}",  # type: ignore[arg-type]
         ]

@@ -19,7 +19,7 @@ from .rundir import RunData, RunDir, load_run, score_label, slug
 from .runstats import (
     calibration_label,
     cascade_table,
-    interval_text,
+    max_zeroed_text,
     overlap_figure,
     overlap_table,
     protocol_table,
@@ -60,6 +60,15 @@ def _best_cell(run: RunData, rows: list[dict[str, object]]) -> tuple[str, dict[s
     return None
 
 
+_TABLE2_NOTE = (
+    "Max % zeroed within 1 pt: the largest measured fraction of heads zeroed whose accuracy stays within one point "
+    "of baseline (last crossing of baseline − 1 pt, linearly interpolated); ≥ marks a curve still within 1 pt at "
+    "the largest fraction measured, so the value is a lower bound set by the targets. AUC: area under "
+    "accuracy/baseline over the fraction range all score functions of the model reach, divided by its width. Rank 1 "
+    "is best."
+)
+
+
 def _fmt_pct(fraction: float) -> str:
     return f"{100 * fraction:.1f}"
 
@@ -69,7 +78,7 @@ def _table2_rows(rows: list[dict[str, object]]) -> list[list[str]]:
         return "–" if math.isnan(value) else f"{value:.3f}"  # no AUC: the score zeroes no heads
 
     return [
-        [str(r["score"]), str(r["label"]), _fmt_pct(float(r["max_zeroed"])), auc(float(r["auc"])), f"{r['rank']:g}"]  # type: ignore[arg-type]
+        [str(r["score"]), str(r["label"]), max_zeroed_text(r), auc(float(r["auc"])), f"{r['rank']:g}"]  # type: ignore[arg-type]
         for r in rows
     ]
 
@@ -162,11 +171,7 @@ def write_report(run_dirs: Iterable[str | Path], out_dir: str | Path) -> tuple[P
     out_dir = Path(out_dir)
     doc = Document()
     doc.h(1, "Inactive heads report")
-    doc.p(
-        "Max % zeroed within 1 pt: the largest measured fraction of heads zeroed whose accuracy stays within one "
-        "point of baseline (last crossing of baseline − 1 pt, linearly interpolated). AUC: area under "
-        "accuracy/baseline over the fraction range all score functions of the model reach, divided by its width."
-    )
+    doc.p(_TABLE2_NOTE)
     all_rows = [run.table2() for run in runs]
     for i, (run, rows) in enumerate(zip(runs, all_rows, strict=True)):
         doc.h(2, f"{run.name} — {run.run.get('task')}")
@@ -317,12 +322,7 @@ def write_study_report(
     doc = Document()
     doc.h(1, title)
     n_models = len(dict.fromkeys(r.name for r in loaded))
-    doc.p(
-        f"{n_models} models × {len(tasks)} tasks, {sum(len(r.cells) for r in loaded)} cells. Max % zeroed within "
-        "1 pt: the largest measured fraction of heads zeroed whose accuracy stays within one point of baseline "
-        "(last crossing of baseline − 1 pt, linearly interpolated). AUC: area under accuracy/baseline over the "
-        "fraction range all score functions of the model reach, divided by its width. Rank 1 is best."
-    )
+    doc.p(f"{n_models} models × {len(tasks)} tasks, {sum(len(r.cells) for r in loaded)} cells. {_TABLE2_NOTE}")
     boots = {id(r): run_bootstrap(r, n_resamples, seed) for r in loaded}
     if any(b is not None for b in boots.values()):
         doc.p(
@@ -514,6 +514,6 @@ def _table2_cell(row: dict[str, object] | None, boot: Bootstrap | None, name: st
     if row is None:
         return "–"
     if boot is None or name not in boot.max_zeroed:
-        return f"{_fmt_pct(float(row['max_zeroed']))} ({row['rank']:g})"  # type: ignore[arg-type]
+        return f"{max_zeroed_text(row)} ({row['rank']:g})"
     rank = boot.rank[name]
-    return f"{interval_text(boot.max_zeroed[name])} ({row['rank']:g} [{rank.low:g}–{rank.high:g}])"
+    return f"{max_zeroed_text(row, boot.max_zeroed[name])} ({row['rank']:g} [{rank.low:g}–{rank.high:g}])"

@@ -100,6 +100,15 @@ def interval_text(iv: Interval, scale: float = 100.0, fmt: str = ".1f", signed: 
     return f"{iv.value * scale:{sign}{fmt}} [{iv.low * scale:{sign}{fmt}}, {iv.high * scale:{sign}{fmt}}]"
 
 
+def max_zeroed_text(row: dict[str, object], iv: Interval | None = None, fmt: str = ".1f") -> str:
+    """A Table-2 value in % (with its interval): ``≥`` marks a lower bound, a curve still within tolerance at the
+    largest fraction measured (``row["lower_bound"]``, :func:`~inactive_heads.analysis.table2`)."""
+    mark = "≥" if row.get("lower_bound") else ""
+    if iv is None:
+        return f"{mark}{100 * float(row['max_zeroed']):{fmt}}"  # type: ignore[arg-type]
+    return mark + interval_text(iv, fmt=fmt)
+
+
 def run_overlaps(
     run: RunData, targets: Sequence[float], n_resamples: int = DEFAULT_RESAMPLES, seed: int = 0
 ) -> list[Overlap]:
