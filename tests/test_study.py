@@ -27,6 +27,7 @@ import inactive_heads as ih
 from inactive_heads.cli import main
 from inactive_heads.executors import LocalExecutor, RayExecutor
 from inactive_heads.figures import delta_figure
+from inactive_heads.report import write_study_report
 from inactive_heads.rundir import Cell, load_run
 from inactive_heads.runstats import run_bootstrap
 from inactive_heads.scores import _SCORE_FUNCTIONS
@@ -132,7 +133,7 @@ def ray_instance():
 _CELLS = 2 * 2 * 3
 
 
-def test_local_study_computes_every_cell_and_writes_one_report(local_run):
+def test_local_study_computes_every_cell_and_writes_one_report(local_run, tmp_path):
     assert local_run.cells == local_run.computed == _CELLS and local_run.calibrated == 4 and local_run.reused == 0
     assert len(_cells(local_run.out)) == _CELLS and len(local_run.runs) == 4
     recorded = json.loads((local_run.out / "study.json").read_text())
@@ -189,6 +190,16 @@ def test_local_study_computes_every_cell_and_writes_one_report(local_run):
             band = ax.collections[0].get_paths()[0].vertices[:, 1]
             assert {round(y, 6) for y in band} >= {round(100 * e, 6) for iv in want for e in (iv.low, iv.high)}
     assert len(list((local_run.out / "report").glob("deltas_*.png"))) == 4
+    # a run that so far holds only its baseline is reported without a delta figure
+    only_base = tmp_path / "base-only"
+    shutil.copytree(next(iter(local_run.runs.values())), only_base)
+    for path in (only_base / "cells").glob("*.json"):
+        if json.loads(path.read_text())["score"] is not None:
+            path.unlink()
+    with pytest.raises(ValueError, match="no cells of a score function"):
+        delta_figure(load_run(only_base), {})
+    md, _ = write_study_report([(only_base, None)], tmp_path / "report")
+    assert "baseline accuracy" in md.read_text() and not list((tmp_path / "report").glob("deltas_*.png"))
 
 
 def test_rerun_computes_nothing_and_a_changed_study_adds_only_its_new_cells(local_run, workspace, tmp_path):

@@ -81,6 +81,8 @@ def delta_figure(run: RunData, cells: Mapping[tuple[str, float], Interval]) -> A
     bootstrap interval (``cells[(score, fraction zeroed)]``, :class:`~inactive_heads.uncertainty.Bootstrap`) as a
     band; random's points in grey on every panel, and the one-point tolerance line."""
     curves = run.curves()
+    if not curves:
+        raise ValueError(f"{run.name} has no cells of a score function to draw")
     cols = min(3, len(curves))
     rows = math.ceil(len(curves) / cols)
     fig = figure(3.2 * cols, 2.4 * rows + 0.4)

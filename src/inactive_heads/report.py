@@ -224,7 +224,7 @@ def _run_section(
             "all of a layer's heads or none; an LN variant is exactly 1 everywhere and zeroes none."
         )
     doc.img(png(curves_figure(run)), f"curves_{tag}.png", f"accuracy vs % zeroed, {run.name}")
-    if boot is not None:
+    if boot is not None and run.score_names:  # a run may so far hold only its baseline
         doc.img(png(delta_figure(run, boot.cells)), f"deltas_{tag}.png", f"accuracy − baseline, {run.name}")
     best = _best_cell(run, rows)
     if best is not None:
