@@ -108,9 +108,12 @@ def score_distances(
     if a.scores is None or b.scores is None:
         raise ValueError("both runs need calibration/scores.safetensors")
     pooled = wasserstein_table(a.scores, b.scores, names=names)
-    per = wasserstein_table(a.scores, b.scores, per_layer=True, names=names)
     ivs = {n: w1_interval(a, b, n, n_resamples, seed) for n in pooled}
     depth_ivs = {n: depth_w1_intervals(a, b, n, n_resamples, seed) for n in pooled}
+    # The intervals carry each bin's W1: compute it anew only where there are none.
+    bare = [n for n, bins in depth_ivs.items() if bins is None]
+    per = wasserstein_table(a.scores, b.scores, per_layer=True, names=bare) if bare else {}
+    per.update({n: [iv.value for iv in bins] for n, bins in depth_ivs.items() if bins is not None})
     ci = " [95% CI]" if any(iv is not None for iv in ivs.values()) else ""
     header = ["score", f"W1 pooled{ci}", "W1 per depth (mean)", f"W1 per depth (max){ci}"]
     rows = []

@@ -31,7 +31,7 @@ from .runstats import (
 )
 from .scores import SCORE_FUNCTIONS
 from .store import atomic_write_bytes, atomic_write_text
-from .uncertainty import Bootstrap
+from .uncertainty import Bootstrap, Interval
 
 __all__ = ["write_report", "write_study_report"]
 
@@ -114,8 +114,15 @@ def _cell_rows(run: RunData, boot: Bootstrap | None = None) -> list[list[str]]:
     ]
 
 
+def _cell_interval(boot: Bootstrap | None, cell: dict[str, Any]) -> Interval | None:
+    """The bootstrap interval of a score cell's accuracy difference to baseline; None for the baseline."""
+    if boot is None or cell.get("score") is None:
+        return None
+    return boot.cells.get((str(cell["score"]), float(cell["fraction_zeroed"])))
+
+
 def _delta_interval(boot: Bootstrap, cell: dict[str, Any]) -> str:
-    iv = boot.cells.get((str(cell.get("score")), float(cell["fraction_zeroed"])))
+    iv = _cell_interval(boot, cell)
     return "–" if iv is None else f"[{100 * iv.low:+.1f}, {100 * iv.high:+.1f}]"
 
 
@@ -138,11 +145,10 @@ def _cells_csv(runs: Sequence[RunData], boots: Sequence[Bootstrap | None]) -> st
     for run, boot in zip(runs, boots, strict=True):
         cfg, label = run.settings, calibration_label(run)
         for c in _sorted_cells(run):
-            score = c.get("score")
-            iv = None if boot is None or score is None else boot.cells.get((score, float(c["fraction_zeroed"])))
+            iv = _cell_interval(boot, c)
             writer.writerow(
                 [
-                    run.name, cfg.get("task"), cfg.get("shots"), cfg.get("limit"), label, score or "baseline",
+                    run.name, cfg.get("task"), cfg.get("shots"), cfg.get("limit"), label, c.get("score") or "baseline",
                     num(c.get("target")), num(c.get("threshold")), num(c["fraction_zeroed"]), num(c["accuracy"]),
                     num(c["accuracy"] - run.baseline), num(iv and iv.low), num(iv and iv.high),
                     num(c.get("acc_norm")), c.get("n_items"),
