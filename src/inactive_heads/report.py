@@ -472,7 +472,9 @@ def _threshold_section(doc: Document, runs: Sequence[RunData], n_resamples: int,
         "The threshold each task's calibration gives for the same score and target. A stable score function has "
         "a small spread, so a threshold found on one task would serve another. The spread's interval: 95% "
         f"bootstrap ({n_resamples} resamples, seed {seed}) of each task's calibration items, drawn independently, "
-        "thresholds taken again from each resample."
+        "thresholds taken again from each resample. A spread cannot fall below 0 and two resampled thresholds "
+        "rarely coincide, so a spread near 0 can lie just below its interval: read such an interval as an upper "
+        "bound on the spread."
     )
     for (model, items), table in tables:
         doc.h(3, f"{model} — {'held-out' if items == 'heldout' else 'same-items'} calibrations")
