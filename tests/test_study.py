@@ -190,7 +190,7 @@ def test_local_study_computes_every_cell_and_writes_one_report(local_run, tmp_pa
             band = ax.collections[0].get_paths()[0].vertices[:, 1]
             assert {round(y, 6) for y in band} >= {round(100 * e, 6) for iv in want for e in (iv.low, iv.high)}
     assert len(list((local_run.out / "report").glob("deltas_*.png"))) == 4
-    # a run that so far holds only its baseline is reported without a delta figure
+    # a run that so far holds only its baseline is reported as such: no Table 2, curves or delta figure
     only_base = tmp_path / "base-only"
     shutil.copytree(next(iter(local_run.runs.values())), only_base)
     for path in (only_base / "cells").glob("*.json"):
@@ -199,7 +199,10 @@ def test_local_study_computes_every_cell_and_writes_one_report(local_run, tmp_pa
     with pytest.raises(ValueError, match="no cells of a score function"):
         delta_figure(load_run(only_base), {})
     md, _ = write_study_report([(only_base, None)], tmp_path / "report")
-    assert "baseline accuracy" in md.read_text() and not list((tmp_path / "report").glob("deltas_*.png"))
+    text = md.read_text()
+    assert "baseline accuracy" in text and "Only the baseline is stored so far." in text
+    assert "max % zeroed within 1 pt | AUC" not in text
+    assert not list((tmp_path / "report").glob("deltas_*.png")) and not list((tmp_path / "report").glob("curves_*"))
 
 
 def test_rerun_computes_nothing_and_a_changed_study_adds_only_its_new_cells(local_run, workspace, tmp_path):

@@ -221,6 +221,9 @@ def _run_section(
         f"{cfg.get('n_layers')} layers × {cfg.get('n_heads')} heads, package {cfg.get('package_version')}; "
         f"baseline accuracy {100 * run.baseline:.2f}%."
     )
+    if not run.score_names:  # a run may so far hold only its baseline: no curve to measure or draw
+        doc.p("Only the baseline is stored so far.")
+        return
     doc.table(["score", "label", "max % zeroed within 1 pt", "AUC", "rank"], _table2_rows(rows))
     flat = scores_flat_within_layers(run)
     if flat:
@@ -230,7 +233,7 @@ def _run_section(
             "all of a layer's heads or none; an LN variant is exactly 1 everywhere and zeroes none."
         )
     doc.img(png(curves_figure(run)), f"curves_{tag}.png", f"accuracy vs % zeroed, {run.name}")
-    if boot is not None and run.score_names:  # a run may so far hold only its baseline
+    if boot is not None:
         doc.img(png(delta_figure(run, boot.cells)), f"deltas_{tag}.png", f"accuracy − baseline, {run.name}")
     best = _best_cell(run, rows)
     if best is not None:
