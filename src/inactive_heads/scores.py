@@ -223,15 +223,6 @@ class HeadScores(Mapping[str, torch.Tensor]):
         index = torch.as_tensor(rows)
         return HeadScores({k: v[index] for k, v in self._tensors.items()}, self.meta)
 
-    @staticmethod
-    def concat(parts: Iterable[HeadScores]) -> HeadScores:
-        """Rows of ``parts`` stacked in order (same score names)."""
-        parts = list(parts)
-        if not parts:
-            raise ValueError("nothing to concatenate")
-        names = parts[0].names
-        return HeadScores({n: torch.cat([p[n] for p in parts]) for n in names}, parts[0].meta)
-
     def derive(self, names: Iterable[str]) -> HeadScores:
         """These scores plus registered scores ``names`` computed from the raw statistics recorded here.
 
