@@ -193,6 +193,10 @@ def test_local_study_computes_every_cell_and_writes_one_report(local_run, tmp_pa
     # a run that so far holds only its baseline is reported as such: no Table 2, curves or delta figure
     only_base = tmp_path / "base-only"
     shutil.copytree(next(iter(local_run.runs.values())), only_base)
+    # written over a full report of the same run: its figures go, a file it did not write stays
+    write_study_report([(only_base, None)], tmp_path / "report")
+    assert list((tmp_path / "report").glob("curves_*.png"))
+    (tmp_path / "report" / "mine.png").write_bytes(b"not the report's")
     for path in (only_base / "cells").glob("*.json"):
         if json.loads(path.read_text())["score"] is not None:
             path.unlink()
@@ -202,7 +206,9 @@ def test_local_study_computes_every_cell_and_writes_one_report(local_run, tmp_pa
     text = md.read_text()
     assert "baseline accuracy" in text and "Only the baseline is stored so far." in text
     assert "max % zeroed within 1 pt | AUC" not in text
-    assert not list((tmp_path / "report").glob("deltas_*.png")) and not list((tmp_path / "report").glob("curves_*"))
+    figures = {p.name for p in (tmp_path / "report").glob("*.png")} - {"mine.png"}
+    assert (tmp_path / "report" / "mine.png").exists() and figures == set(re.findall(r"\]\((\S+\.png)\)", text))
+    assert not any(name.startswith(("curves_", "deltas_", "heads_")) for name in figures)
 
 
 def test_rerun_computes_nothing_and_a_changed_study_adds_only_its_new_cells(local_run, workspace, tmp_path):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import io
 import math
+import re
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
@@ -202,12 +203,17 @@ def write_report(run_dirs: Iterable[str | Path], out_dir: str | Path) -> tuple[P
 
 def _write(doc: Document, out_dir: Path, title: str, cells_csv: str) -> tuple[Path, Path]:
     out_dir.mkdir(parents=True, exist_ok=True)
+    md_path, html_path = out_dir / "report.md", out_dir / "report.html"
+    # A report written over an earlier one would otherwise leave the earlier one's figures it no longer links; only
+    # files that report linked are removed, and only once the new report is complete.
+    linked = set(re.findall(r"\]\(([^()/\\]+\.png)\)", md_path.read_text())) if md_path.exists() else set()
     for filename, data in doc.images.items():
         atomic_write_bytes(out_dir / filename, data)
     atomic_write_text(out_dir / "cells.csv", cells_csv)
-    md_path, html_path = out_dir / "report.md", out_dir / "report.html"
     atomic_write_text(md_path, doc.markdown())
     atomic_write_text(html_path, doc.html(title))
+    for filename in linked - doc.images.keys():
+        (out_dir / filename).unlink(missing_ok=True)
     return md_path, html_path
 
 
