@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import base64
 import html
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-__all__ = ["Document", "render_table"]
+__all__ = ["Document", "linked_images", "render_table"]
 
 _TableFormat = Literal["markdown", "text", "html"]
 
@@ -101,3 +102,8 @@ class Document:
             f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8"><title>{e(title)}</title>'
             f"<style>{_STYLE}</style></head><body>\n" + "\n".join(body) + "\n</body></html>\n"
         )
+
+
+def linked_images(markdown: str) -> set[str]:
+    """The image files a :meth:`Document.markdown` text links (plain file names beside it)."""
+    return set(re.findall(r"\]\(([^()/\\]+\.png)\)", markdown))

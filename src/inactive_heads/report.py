@@ -5,7 +5,6 @@ from __future__ import annotations
 import csv
 import io
 import math
-import re
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
@@ -14,7 +13,7 @@ import numpy as np
 
 from .analysis import spearman, top_k_iou, wasserstein_table, within_tolerance
 from .compare import score_distances, series_distances
-from .document import Document
+from .document import Document, linked_images
 from .figures import cdf_figure, curves_figure, delta_figure, head_heatmap, png, rank_heatmap
 from .rundir import RunData, RunDir, load_run, score_label, slug
 from .runstats import (
@@ -206,7 +205,7 @@ def _write(doc: Document, out_dir: Path, title: str, cells_csv: str) -> tuple[Pa
     md_path, html_path = out_dir / "report.md", out_dir / "report.html"
     # A report written over an earlier one would otherwise leave the earlier one's figures it no longer links; only
     # files that report linked are removed, and only once the new report is complete.
-    linked = set(re.findall(r"\]\(([^()/\\]+\.png)\)", md_path.read_text())) if md_path.exists() else set()
+    linked = linked_images(md_path.read_text()) if md_path.exists() else set()
     for filename, data in doc.images.items():
         atomic_write_bytes(out_dir / filename, data)
     atomic_write_text(out_dir / "cells.csv", cells_csv)
