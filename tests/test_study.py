@@ -21,9 +21,11 @@ import uuid
 from pathlib import Path
 
 import pytest
+import torch
 from _tiny import tiny_model, tiny_tokenizer
 
 import inactive_heads as ih
+from inactive_heads._sweep import plan_cells
 from inactive_heads.cli import main
 from inactive_heads.executors import LocalExecutor, RayExecutor
 from inactive_heads.figures import delta_figure
@@ -227,6 +229,40 @@ def test_rerun_computes_nothing_and_a_changed_study_adds_only_its_new_cells(loca
     assert "| ahon_sq | 0.5 |" not in md and "| ahon_sq | 0.25 |" in md
 
 
+def test_a_study_kept_without_its_calibration_scores_resumes_from_its_thresholds_record(local_run, workspace, tmp_path):
+    """A committed study keeps cells, run and calibration records and the thresholds record, not the (large)
+    calibration scores: it plans the same cells, evaluates none again, and records the scores again for the report."""
+    out = tmp_path / "study"
+    shutil.copytree(local_run.out, out, copy_function=shutil.copy2)
+    runs = sorted((out / "runs").iterdir())
+    planned = {r.name: [c.key for c in plan_cells(r, scores=["ahon_ln", "ahon_sq"], targets=[0.25])] for r in runs}
+    records = {r.name: (r / "calibration" / "thresholds.json").read_bytes() for r in runs}
+    metas = {r.name: (r / "calibration" / "meta.json").read_bytes() for r in runs}
+    for r in runs:
+        (r / "calibration" / "scores.safetensors").unlink()
+    before = _snapshot(out)
+    for r in runs:  # planned from the record alone: the same keys
+        assert [c.key for c in plan_cells(r, scores=["ahon_ln", "ahon_sq"], targets=[0.25])] == planned[r.name]
+    with pytest.raises(FileNotFoundError, match=r"scores are not stored .* calibrate again"):
+        plan_cells(runs[0], scores=["ahon_ln"], targets=[0.5])
+    assert all(r.calibrated and r.left == 0 for r in ih.study_status(_study_file(workspace), out))
+    quiet = ih.study(_study_file(workspace), out, progress=False, report=False)
+    assert quiet.computed == quiet.calibrated == 0 and quiet.reused == _CELLS
+    assert not list((out / "runs").glob("*/calibration/scores.safetensors"))  # no model was needed
+    again = ih.study(_study_file(workspace), out, progress=False)
+    assert again.computed == again.calibrated == 0 and again.reused == _CELLS and _snapshot(out) == before
+    for r in runs:  # recorded again for the report, beside the records as they were
+        assert (r / "calibration" / "scores.safetensors").is_file()
+        assert (r / "calibration" / "thresholds.json").read_bytes() == records[r.name]
+        assert (r / "calibration" / "meta.json").read_bytes() == metas[r.name]
+    assert "## Overlap between score functions" in (out / "report" / "report.md").read_text()
+    for r in runs:
+        (r / "calibration" / "scores.safetensors").unlink()
+    wider = ih.study(_study_file(workspace, targets="[0.25, 0.5]"), out, progress=False, report=False)
+    assert wider.calibrated == 4 and wider.computed == 2 * 2 * 2  # scores recorded again for the new target only
+    assert all(before[p] == _snapshot(out)[p] for p in before)
+
+
 def test_status_counts_stored_and_missing_cells_without_running_anything(local_run, workspace, tmp_path, capsys):
     file = _study_file(workspace)
     fresh = ih.study_status(file, tmp_path / "nothing")
@@ -413,7 +449,14 @@ def test_offline_example_runs_on_both_executors_with_the_same_cells(tmp_path, ca
     pytest.importorskip("ray", reason="the ray executor needs Ray: .ci/setup installs the ray extra")
     example = Path(__file__).resolve().parents[1] / "examples" / "offline.toml"
     local, ray = tmp_path / "local", tmp_path / "ray"
-    assert main(["study", str(example), "--out", str(local), "--limit", "4"]) == 0
+    # Bit-identical cells need the same threads per worker: a Ray worker of 1 CPU runs 1 thread, and on CPUs with
+    # AVX-512 a real model's float32 sums change with the thread count.
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        assert main(["study", str(example), "--out", str(local), "--limit", "4"]) == 0
+    finally:
+        torch.set_num_threads(threads)
     assert main(["study", str(example), "--out", str(ray), "--limit", "4", "--executor", "ray"]) == 0
     printed = capsys.readouterr().out
     assert printed.count("50 cells of 2 runs (50 evaluated now, 0 already stored; 2 calibrations)") == 2

@@ -140,7 +140,9 @@ def calibrate(
         }
         scores.meta.update(meta)
         scores.save(rd.scores_path)
-        rd.write_meta(meta)  # written last: its presence marks a complete calibration
+        kept = rd.read_meta()  # scores recorded again for a kept calibration: its record stays as committed
+        if kept is None or any(kept.get(k) != v for k, v in wanted.items()):
+            rd.write_meta(meta)  # written last: its presence marks a complete calibration
     return scores
 
 
@@ -164,6 +166,51 @@ def _score_names(scores: str | Sequence[str]) -> list[str]:
     return names
 
 
+_CALIBRATION_IDENTITY = ("run", "task", "task_items", "evaluation")
+
+
+def _planned_thresholds(rd: RunDir, names: list[str], ps: list[float]) -> dict[str, list[float]]:
+    """Each score's thresholds at ``ps``: read from the run's thresholds record, and computed from the calibration
+    scores (then added to the record) where the record lacks them."""
+    meta = rd.read_meta()
+    if meta is None:
+        raise FileNotFoundError(f"{rd.root} holds no finished calibration; calibrate it first")
+    identity = {k: meta.get(k) for k in _CALIBRATION_IDENTITY}
+    record = rd.read_thresholds()
+    if record.get("calibration") != identity:  # none yet, or left over from another calibration
+        record = {"calibration": identity, "scores": {}}
+
+    def entry(name: str) -> dict[str, Any]:  # the score's entry, emptied when its definition has changed
+        fingerprint = SCORE_FUNCTIONS[name].fingerprint
+        found = record["scores"].get(name)
+        if found is None or found.get("definition") != fingerprint:
+            found = record["scores"][name] = {"definition": fingerprint, "targets": {}}
+        return found
+
+    def recorded(name: str) -> list[float] | None:
+        found = [entry(name)["targets"].get(repr(p)) for p in ps]
+        return None if any(t is None for t in found) else found
+
+    missing = [n for n in names if recorded(n) is None]
+    if missing:
+        cal = rd.read_scores()
+        if cal is None:
+            raise FileNotFoundError(
+                f"{rd.root}: the calibration scores are not stored and the thresholds of {missing} at {ps} are not "
+                "recorded; calibrate again into this directory (the study command does this itself)"
+            )
+        if any(n not in cal for n in missing):  # registered after calibrating: derive from the recorded raw statistics
+            try:
+                cal = cal.derive(missing)
+            except KeyError as e:
+                raise ValueError(f"{e.args[0]}; calibrate again in a new run directory") from None
+            cal.save(rd.scores_path)
+        for n, values in thresholds_for(cal, ps, missing).items():
+            entry(n)["targets"].update({repr(p): t for p, t in zip(ps, values, strict=True)})
+        rd.write_thresholds(record)
+    return {n: recorded(n) for n in names}  # type: ignore[misc]  # every one is recorded now
+
+
 def plan_cells(
     run_dir: str | Path, *, scores: str | Sequence[str] = "all", targets: Iterable[float] = DEFAULT_TARGETS
 ) -> list[PlannedCell]:
@@ -172,22 +219,14 @@ def plan_cells(
     Each target ``p`` becomes a threshold from the pooled calibration CDF (:func:`thresholds_from_cdf`); two targets
     tied to one threshold share one cell (listed under the first). A cell's key is the run's identity
     (:func:`~inactive_heads.rundir.run_digest`), the score's definition fingerprint and the threshold. Needs no
-    model: everything comes from the run directory. Scores registered after calibrating are derived from the
-    recorded raw statistics and saved with the calibration.
+    model: everything comes from the run directory. Thresholds are recorded in the calibration's thresholds record
+    and read back from it, so the calibration scores are needed only for thresholds not recorded yet. Scores
+    registered after calibrating are derived from the recorded raw statistics and saved with the calibration.
     """
     names = _score_names(scores)
     ps = check_targets(targets)
     rd = RunDir(run_dir)
-    cal = rd.read_scores() if rd.read_meta() is not None else None
-    if cal is None:
-        raise FileNotFoundError(f"{rd.root} holds no finished calibration; calibrate it first")
-    if any(n not in cal for n in names):  # registered after calibrating: derive from the recorded raw statistics
-        try:
-            cal = cal.derive(names)
-        except KeyError as e:
-            raise ValueError(f"{e.args[0]}; calibrate again in a new run directory") from None
-        cal.save(rd.scores_path)
-    thresholds = thresholds_for(cal, ps, names)
+    thresholds = _planned_thresholds(rd, names, ps)
     digest = run_digest(rd.read_run())
     grid: list[tuple[str | None, float | None, float | None]] = [(None, None, None)]
     grid += [(n, p, thresholds[n][i]) for i, p in enumerate(ps) for n in names]  # target-major: early full picture

@@ -6,6 +6,9 @@ Layout::
                                      evaluation (EvalConfig.identity()), package_version, n_layers, n_heads}
     calibration/scores.safetensors  HeadScores.save of the calibration pass
     calibration/meta.json           written last: its presence marks a complete calibration
+    calibration/thresholds.json     the thresholds cells were planned with: {score: {definition, targets: {p: t}}};
+                                     it is what cell keys depend on, so a run kept without its scores (they are
+                                     large and can be recorded again) still plans exactly the cells it stored
     cells/<key>.json                one finished cell, see :class:`Cell`; score is null for the baseline; run is the
                                      run_digest it was made for (cells of another run are never read);
                                      per_head is [L][H] fractions of rows in which the head was zeroed
@@ -290,6 +293,10 @@ class RunDir:
         return self.root / "calibration" / "meta.json"
 
     @property
+    def thresholds_path(self) -> Path:
+        return self.root / "calibration" / "thresholds.json"
+
+    @property
     def cells_path(self) -> Path:
         return self.root / "cells"
 
@@ -336,6 +343,15 @@ class RunDir:
     def write_meta(self, meta: dict[str, Any]) -> None:
         """Write the calibration's meta record: after the scores, as it marks the calibration complete."""
         atomic_write_json(self.meta_path, meta)
+
+    def read_thresholds(self) -> dict[str, Any]:
+        """The thresholds record (see the module docstring); empty when none is written yet."""
+        if not self.thresholds_path.is_file():
+            return {}
+        return json.loads(self.thresholds_path.read_text(encoding="utf-8"))
+
+    def write_thresholds(self, record: dict[str, Any]) -> None:
+        atomic_write_json(self.thresholds_path, record)
 
     def read_scores(self) -> HeadScores | None:
         """The calibration scores; None when not recorded."""

@@ -9,8 +9,9 @@ Study directory::
 Calibrations and cells are the jobs of :mod:`inactive_heads._sweep` (:func:`~inactive_heads._sweep.calibrate`,
 :func:`~inactive_heads._sweep.compute_cell`), run by an executor (:mod:`inactive_heads.executors`) on workers that
 each hold one loaded model. Cells are content-addressed and written atomically by the jobs themselves, so the same
-study gives the same cells on any executor, and an interrupted study resumes: finished calibrations and cells are
-found and skipped before any model is loaded.
+study gives the same cells on any executor (given the same threads per worker: float sums can depend on the thread
+count), and an interrupted study resumes: finished calibrations and cells are found and skipped before any model is
+loaded.
 """
 
 from __future__ import annotations
@@ -129,9 +130,11 @@ def _model_path(model: StudyModel) -> str:
 
 @dataclass(frozen=True)
 class _Calibrate:
-    """The job recording a run's calibration."""
+    """The job recording a run's calibration; ``scores_only``: the run's cells are planned already, and this records
+    its calibration scores again (they are not kept with a committed study) for the report's analyses."""
 
     run: _Run
+    scores_only: bool = False
 
     def __call__(self, worker: _Worker, bar: Bar) -> None:
         r, t = self.run, self.run.task
@@ -196,10 +199,29 @@ class _Plan:
         self.keys: dict[Path, list[str]] = {}
         self.computed = self.reused = self.calibrated = 0
 
+    def planned(self, task: StudyTask, run_dir: Path) -> list[PlannedCell] | None:
+        """The cells of a run of ``task``; None while they cannot be planned (not calibrated, or its calibration
+        scores are not stored and its thresholds record lacks thresholds the study asks for)."""
+        if RunDir(run_dir).read_meta() is None:
+            return None
+        try:
+            return plan_cells(run_dir, scores=self.spec.scores_of(task), targets=self.spec.targets_of(task))
+        except FileNotFoundError:
+            return None
+
+    def jobs(self, run: _Run, *, report: bool) -> list[Job]:
+        """The jobs ``run`` starts with: its calibration, or its missing cells (and, for the report, recording its
+        calibration scores again where they are not stored)."""
+        if self.planned(run.task, run.dir) is None:
+            return [_Calibrate(run)]
+        rescore = report and not RunDir(run.dir).scores_path.is_file()
+        return self.cells(run) + ([_Calibrate(run, scores_only=True)] if rescore else [])
+
     def cells(self, run: _Run) -> list[Job]:
         """Jobs for the cells of calibrated ``run`` that are not stored yet."""
-        scores, targets = self.spec.scores_of(run.task), self.spec.targets_of(run.task)
-        cells = plan_cells(run.dir, scores=scores, targets=targets)
+        cells = self.planned(run.task, run.dir)
+        if cells is None:
+            raise FileNotFoundError(f"{run.dir}: its cells cannot be planned after its calibration")
         self.keys[run.dir] = [c.key for c in cells]
         self.total -= self.spec.grid_cells(run.task) - len(cells)  # tied targets share a cell
         store = RunDir(run.dir).cell_store()
@@ -241,12 +263,13 @@ def study_status(study: str | Path | Study, out: str | Path | None = None, limit
     """What :func:`study` has stored in ``out`` so far, per run of ``study``, without loading a model or
     evaluating anything (``out`` and ``limit`` as in :func:`study`)."""
     spec, out = _resolve(study, out, limit)
+    plan = _Plan(spec)
     status = []
     for m, t in spec.runs():
         rd = RunDir(out / "runs" / spec.run_name(m, t))
-        scores, targets = spec.scores_of(t), spec.targets_of(t)
-        calibrated = rd.read_meta() is not None
-        keys = [c.key for c in plan_cells(rd.root, scores=scores, targets=targets)] if calibrated else []
+        planned = plan.planned(t, rd.root)
+        calibrated = planned is not None
+        keys = [c.key for c in planned or ()]
         store = rd.cell_store()
         cells = [store.get(k) for k in keys if store.has(k)]
         status.append(
@@ -281,8 +304,9 @@ def study(
     most that many items per task (a quick, reduced study). ``models``: run only these models' calibrations and
     cells (``()``: none, only the report). The report covers every run of the study whose baseline is stored.
     Rerunning resumes: stored calibrations and cells are kept and only missing ones run; a model with nothing
-    missing is not even loaded. A changed study keeps the cells still part of it and adds the rest; the report
-    shows only the current study's cells.
+    missing is not even loaded. A run directory kept without its calibration scores (``calibration/thresholds.json``
+    still plans its cells) has them recorded again, after its missing cells, when the report is written. A changed
+    study keeps the cells still part of it and adds the rest; the report shows only the current study's cells.
     """
     t0 = time.perf_counter()
     spec, out = _resolve(study, out, limit)
@@ -311,12 +335,14 @@ def study(
         jobs: list[Job] = []
         for r in runs:
             if r.model is m:
-                jobs += plan.cells(r) if RunDir(r.dir).read_meta() is not None else [_Calibrate(r)]
+                jobs += plan.jobs(r, report=report)
         load = _LoadModel(m, spec.plugins, os.environ.get(_CACHE_ENV))
         groups.append(WorkerGroup(m.name, load, m.resources, jobs))
     bar: Any = None
 
     def on_result(group: WorkerGroup, job: Job, result: Any) -> list[Job]:
+        if isinstance(job, _Calibrate) and job.scores_only:
+            return []
         if isinstance(job, _Calibrate):
             plan.calibrated += 1
             reused = plan.reused
@@ -347,9 +373,9 @@ def study(
         from .report import write_study_report
 
         for r in runs:  # runs of models not run now: shown once their baseline is stored
-            if r.dir not in plan.keys and RunDir(r.dir).read_meta() is not None:
-                scores, targets = spec.scores_of(r.task), spec.targets_of(r.task)
-                plan.keys[r.dir] = [c.key for c in plan_cells(r.dir, scores=scores, targets=targets)]
+            cells = None if r.dir in plan.keys else plan.planned(r.task, r.dir)
+            if cells is not None:
+                plan.keys[r.dir] = [c.key for c in cells]
         shown = [r for r in runs if r.dir in plan.keys and RunDir(r.dir).cell_store().has(plan.keys[r.dir][0])]
         if shown:
             _, report_path = write_study_report(
