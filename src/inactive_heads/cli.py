@@ -212,7 +212,7 @@ def _cmd_study(args: argparse.Namespace) -> None:
         return
     result = study(
         args.study, args.out, executor=args.executor, address=args.address, limit=args.limit,
-        models=() if args.report_only else args.models,
+        models=() if args.report_only else args.models, report=not args.no_report,
     )  # fmt: skip
     print(
         f"study {result.out}: {result.cells} cells of {len(result.runs)} runs ({result.computed} evaluated now, "
@@ -474,6 +474,10 @@ def _parser() -> argparse.ArgumentParser:
         help="run only these models of the study (the report covers every run with a stored baseline)",
     )  # fmt: skip
     p.add_argument("--report-only", action="store_true", help="run nothing; write the report of what is stored")
+    p.add_argument(
+        "--no-report", action="store_true",
+        help="write no report (processes sharing a study in the background; one --report-only afterwards)",
+    )  # fmt: skip
     p.add_argument(
         "--status", action="store_true",
         help="run nothing; print the cells stored and left per run, with the time left estimated from stored cells",
