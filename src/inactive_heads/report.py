@@ -337,6 +337,12 @@ def write_study_report(
     doc.h(1, title)
     n_models = len(dict.fromkeys(r.name for r in loaded))
     doc.p(f"{n_models} models × {len(tasks)} tasks, {sum(len(r.cells) for r in loaded)} cells. {_TABLE2_NOTE}")
+    unscored = [f"{r.name} ({_task_label(r)})" for r in loaded if r.scores is None]
+    if unscored:
+        doc.p(
+            f"No calibration scores are stored for {', '.join(unscored)}: the score CDFs, distances, overlap and "
+            "thresholds leave these runs out. The study command records them again (not with --report-only)."
+        )
     boots = {id(r): run_bootstrap(r, n_resamples, seed) for r in loaded}
     if any(b is not None for b in boots.values()):
         doc.p(
@@ -369,7 +375,8 @@ def write_study_report(
     _threshold_section(doc, loaded, n_resamples, seed)
     _protocol_section(doc, loaded, boots)
 
-    by_name = {(r.name, label): r for label, task_runs in tasks.items() for r in task_runs}
+    # Distributions compare calibration scores: runs without them are left out (the note at the top names them).
+    by_name = {(r.name, label): r for label, task_runs in tasks.items() for r in task_runs if r.scores is not None}
     studied = list(dict.fromkeys(n for r in loaded for n in r.score_names))
     w1_note = (
         f"W1 intervals: 95% bootstrap over calibration items ({n_resamples} resamples, seed {seed}); every score of "
@@ -377,33 +384,38 @@ def write_study_report(
         "resampled together. Distances near zero read against the interval's width: W1 cannot be negative, so its "
         "bootstrap leans upward there."
     )
-    if pairs:
+    shown_pairs = [
+        (t, label, a, b)
+        for a, b in pairs
+        for t, label in enumerate(tasks)
+        if (a, label) in by_name and (b, label) in by_name
+    ]
+    if shown_pairs:
         doc.h(2, "Model pairs: score distributions")
         doc.p(w1_note)
-        for a, b in pairs:
-            for t, label in enumerate(tasks):
-                if (a, label) in by_name and (b, label) in by_name:
-                    doc.h(3, f"{a} vs {b} — {label}")
-                    header, table, fig = score_distances(
-                        by_name[a, label], by_name[b, label], studied, n_resamples, seed
-                    )
-                    doc.table(header, table)
-                    doc.img(png(fig), f"pair_{t}_{slug(a)}_vs_{slug(b)}.png", f"{a} vs {b}, W1 per depth")
-    if series:
+        for t, label, a, b in shown_pairs:
+            doc.h(3, f"{a} vs {b} — {label}")
+            header, table, fig = score_distances(by_name[a, label], by_name[b, label], studied, n_resamples, seed)
+            doc.table(header, table)
+            doc.img(png(fig), f"pair_{t}_{slug(a)}_vs_{slug(b)}.png", f"{a} vs {b}, W1 per depth")
+    shown_series = [
+        (t, label, name, present)
+        for name, members in series
+        for t, label in enumerate(tasks)
+        if len(present := [by_name[m, label] for m in members if (m, label) in by_name]) >= 2
+    ]
+    if shown_series:
         doc.h(2, "Model series: score distributions")
-        if not pairs:
+        if not shown_pairs:
             doc.p(w1_note)
-        for name, members in series:
-            for t, label in enumerate(tasks):
-                present = [by_name[m, label] for m in members if (m, label) in by_name]
-                if len(present) >= 2:
-                    doc.h(3, f"{name} — {label}")
-                    header, table, fig = series_distances(present, name, studied, n_resamples, seed)
-                    doc.table(header, table)
-                    doc.img(png(fig), f"series_{t}_{slug(name)}.png", f"{name}: W1 to {present[0].name}")
-                    cdf = cdf_figure(present)
-                    if cdf is not None:
-                        doc.img(png(cdf), f"series_{t}_{slug(name)}_cdfs.png", f"{name}: score CDFs")
+        for t, label, name, present in shown_series:
+            doc.h(3, f"{name} — {label}")
+            header, table, fig = series_distances(present, name, studied, n_resamples, seed)
+            doc.table(header, table)
+            doc.img(png(fig), f"series_{t}_{slug(name)}.png", f"{name}: W1 to {present[0].name}")
+            cdf = cdf_figure(present)
+            if cdf is not None:
+                doc.img(png(cdf), f"series_{t}_{slug(name)}_cdfs.png", f"{name}: score CDFs")
     return _write(doc, Path(out_dir), title, _cells_csv(loaded, [boots[id(r)] for r in loaded]))
 
 
