@@ -38,6 +38,10 @@ def _task(task: str | Task, config: EvalConfig) -> Task:
     return get_task(task, config.data_dir, config.source)
 
 
+# What makes two calibrations of a run directory the same: the fields of calibration/meta.json compared on reuse.
+_CALIBRATION_IDENTITY = ("run", "task", "task_items", "evaluation")
+
+
 def _check_calibration(rd: RunDir, wanted: dict[str, Any]) -> bool:
     """Whether ``rd`` holds a finished calibration for ``wanted``; ValueError when it holds another one."""
     old = rd.read_meta() if rd.scores_path.is_file() else None
@@ -106,12 +110,8 @@ def calibrate(
     # Refuse bad settings before run.json exists: a rejected command must not claim the run directory.
     evaluation.check_request(task_obj, config)
     evaluation.check_request(cal_task, cal_config)
-    wanted = {
-        "run": run_digest(run),
-        "task": cal_task.name,
-        "task_items": task_fingerprint(cal_task),
-        "evaluation": cal_config.identity(),
-    }
+    identity = (run_digest(run), cal_task.name, task_fingerprint(cal_task), cal_config.identity())
+    wanted = dict(zip(_CALIBRATION_IDENTITY, identity, strict=True))
     rd.check_run(run)
     _check_calibration(rd, wanted)  # before run.json: a refused run must not claim the directory
     rd.check_writable()
@@ -164,9 +164,6 @@ def _score_names(scores: str | Sequence[str]) -> list[str]:
     if unknown:
         raise ValueError(f"scores {unknown} are not registered; registered: {', '.join(SCORE_FUNCTIONS)}")
     return names
-
-
-_CALIBRATION_IDENTITY = ("run", "task", "task_items", "evaluation")
 
 
 def _planned_thresholds(rd: RunDir, names: list[str], ps: list[float]) -> dict[str, list[float]]:

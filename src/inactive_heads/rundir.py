@@ -6,9 +6,10 @@ Layout::
                                      evaluation (EvalConfig.identity()), package_version, n_layers, n_heads}
     calibration/scores.safetensors  HeadScores.save of the calibration pass
     calibration/meta.json           written last: its presence marks a complete calibration
-    calibration/thresholds.json     the thresholds cells were planned with: {score: {definition, targets: {p: t}}};
-                                     it is what cell keys depend on, so a run kept without its scores (they are
-                                     large and can be recorded again) still plans exactly the cells it stored
+    calibration/thresholds.json     the thresholds cells were planned with: {calibration (the identity fields of
+                                     meta.json), scores: {name: {definition, targets: {p: threshold}}}}; cell keys
+                                     depend on it, so a run kept without its scores (large, and they can be
+                                     recorded again) still plans exactly the cells it stored
     cells/<key>.json                one finished cell, see :class:`Cell`; score is null for the baseline; run is the
                                      run_digest it was made for (cells of another run are never read);
                                      per_head is [L][H] fractions of rows in which the head was zeroed
