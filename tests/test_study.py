@@ -16,6 +16,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -267,6 +268,30 @@ def test_a_study_kept_without_its_calibration_scores_resumes_from_its_thresholds
     wider = ih.study(_study_file(workspace, targets="[0.25, 0.5]"), out, progress=False, report=False)
     assert wider.calibrated == 4 and wider.computed == 2 * 2 * 2  # scores recorded again for the new target only
     assert all(before[p] == _snapshot(out)[p] for p in before)
+
+
+def test_processes_sharing_a_study_take_other_cells_instead_of_waiting(local_run, workspace, tmp_path):
+    """A cell another process holds is left for last: this one evaluates every other cell meanwhile, then waits for
+    it (and evaluates it itself when that process ends without storing it)."""
+    out = tmp_path / "study"
+    shutil.copytree(local_run.out, out, copy_function=shutil.copy2)
+    run = next((out / "runs").glob("llama--recall-*"))
+    keys = [c.key for c in plan_cells(run, scores=["ahon_ln", "ahon_sq"], targets=[0.25])]  # in the study's order
+    for key in keys:
+        (run / "cells" / f"{key}.json").unlink()
+    stored = lambda key: (run / "cells" / f"{key}.json").is_file()  # noqa: E731
+    done: dict[str, ih.StudyResult] = {}
+    with RunDir(run).cell_store().claim(keys[0], wait=False) as mine:  # as another process would hold it
+        assert mine
+        worker = threading.Thread(target=lambda: done.update(r=ih.study(_study_file(workspace), out, progress=False)))
+        worker.start()
+        deadline = time.monotonic() + 120
+        while not all(stored(k) for k in keys[1:]):
+            assert worker.is_alive() and time.monotonic() < deadline, "the study waited on the held cell"
+            time.sleep(0.1)
+        assert not stored(keys[0]) and worker.is_alive()
+    worker.join(timeout=120)
+    assert done["r"].computed == len(keys) and all(stored(k) for k in keys)
 
 
 def test_status_counts_stored_and_missing_cells_without_running_anything(local_run, workspace, tmp_path, capsys):

@@ -20,7 +20,7 @@ import os
 import sys
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -154,23 +154,24 @@ class _Calibrate:
 
 @dataclass(frozen=True)
 class _Cell:
-    """The job evaluating one cell of a calibrated run; returns whether it evaluated it (False: found stored)."""
+    """The job evaluating one cell of a calibrated run; returns whether it evaluated it (False: found stored; None:
+    another process holds it, and ``wait`` is False)."""
 
     run: _Run
     cell: PlannedCell
+    wait: bool = False
 
-    def __call__(self, worker: _Worker, bar: Bar) -> bool:
+    def __call__(self, worker: _Worker, bar: Bar) -> bool | None:
         r, t, c = self.run, self.run.task, self.cell
-        return bool(
-            compute_cell(
-                worker.model,
-                worker.tokenizer,
-                worker.task(t.name, t.source, r.data_dir),
-                r.dir,
-                c,
-                r.config(),
-                progress=r.bar(bar, f"{c.score or 'baseline'} p={c.target}"),
-            )
+        return compute_cell(
+            worker.model,
+            worker.tokenizer,
+            worker.task(t.name, t.source, r.data_dir),
+            r.dir,
+            c,
+            r.config(),
+            progress=r.bar(bar, f"{c.score or 'baseline'} p={c.target}"),
+            wait=self.wait,
         )
 
 
@@ -351,9 +352,11 @@ def study(
                 bar.total = plan.total
                 bar.update(plan.reused - reused)  # cells another process stored meanwhile
             return follow
+        if result is None and isinstance(job, _Cell):  # another process sharing the study directory holds it
+            return [replace(job, wait=True)]  # wait for it after the rest
         if result:
             plan.computed += 1
-        else:  # stored by another process while this job waited for it
+        else:  # stored by another process meanwhile
             plan.reused += 1
         if bar is not None:
             bar.update(1)
