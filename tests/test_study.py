@@ -279,7 +279,10 @@ def test_processes_sharing_a_study_take_other_cells_instead_of_waiting(local_run
     keys = [c.key for c in plan_cells(run, scores=["ahon_ln", "ahon_sq"], targets=[0.25])]  # in the study's order
     for key in keys:
         (run / "cells" / f"{key}.json").unlink()
-    stored = lambda key: (run / "cells" / f"{key}.json").is_file()  # noqa: E731
+
+    def stored(key: str) -> bool:
+        return (run / "cells" / f"{key}.json").is_file()
+
     done: dict[str, ih.StudyResult] = {}
     with RunDir(run).cell_store().claim(keys[0], wait=False) as mine:  # as another process would hold it
         assert mine

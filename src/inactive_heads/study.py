@@ -213,14 +213,16 @@ class _Plan:
     def jobs(self, run: _Run, *, report: bool) -> list[Job]:
         """The jobs ``run`` starts with: its calibration, or its missing cells (and, for the report, recording its
         calibration scores again where they are not stored)."""
-        if self.planned(run.task, run.dir) is None:
+        cells = self.planned(run.task, run.dir)
+        if cells is None:
             return [_Calibrate(run)]
         rescore = report and not RunDir(run.dir).scores_path.is_file()
-        return self.cells(run) + ([_Calibrate(run, scores_only=True)] if rescore else [])
+        return self.cells(run, cells) + ([_Calibrate(run, scores_only=True)] if rescore else [])
 
-    def cells(self, run: _Run) -> list[Job]:
-        """Jobs for the cells of calibrated ``run`` that are not stored yet."""
-        cells = self.planned(run.task, run.dir)
+    def cells(self, run: _Run, cells: list[PlannedCell] | None = None) -> list[Job]:
+        """Jobs for the cells of calibrated ``run`` (``cells``: its planned cells, when planned already) that are
+        not stored yet."""
+        cells = cells if cells is not None else self.planned(run.task, run.dir)
         if cells is None:
             raise FileNotFoundError(f"{run.dir}: its cells cannot be planned after its calibration")
         self.keys[run.dir] = [c.key for c in cells]
