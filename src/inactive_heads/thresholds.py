@@ -86,6 +86,12 @@ def thresholds_from_cdf(
     return [-t for t in _below(-values, values.size, ps)]
 
 
+def _weight_below(cum: np.ndarray, starts: np.ndarray, g: int) -> int:
+    """The weight strictly below distinct value ``g``, from the cumulative weights ``cum`` of the sorted values
+    (``starts``: the first sorted position of each distinct value)."""
+    return int(cum[starts[g] - 1]) if g > 0 else 0
+
+
 def resampled_thresholds(
     scores: torch.Tensor | np.ndarray,
     inactive_when: str,
@@ -99,34 +105,48 @@ def resampled_thresholds(
     building them: one sort serves every resample. NaN where a resample draws only NaN scores."""
     ps = _check(inactive_when, targets)
     sign = np.float32(1 if inactive_when == "below" else -1)  # x > t  <=>  -x < -t (exact in float32)
+    row_items = np.asarray(row_items)
     per_row = _as_float32(scores).reshape(len(row_items), -1) * sign
     values = per_row.reshape(-1)
-    item = np.repeat(np.asarray(row_items), per_row.shape[1])
+    item = np.repeat(row_items, per_row.shape[1])
     known = ~np.isnan(values)
     order = np.argsort(values[known], kind="stable")
     s, item_sorted = values[known][order], item[known][order]
     if s.size == 0:
         raise ValueError("no finite scores to take thresholds from")
-    starts = np.flatnonzero(np.r_[True, s[1:] != s[:-1]])  # first index of each distinct value
-    distinct = s[starts]
+    first = np.r_[True, s[1:] != s[:-1]]
+    starts = np.flatnonzero(first)  # first sorted position of each distinct value
+    distinct, group_of = s[starts], np.cumsum(first) - 1  # group_of: the distinct value at each sorted position
     out = np.empty((counts.shape[0], len(ps)))
     for k, c in enumerate(counts):
-        w = c[item_sorted].astype(np.float64)
-        group = np.add.reduceat(w, starts)  # weight of each distinct value in this resample
-        below = np.cumsum(group) - group  # weight strictly below each distinct value
-        total = float(c[item].sum())  # NaNs stay in the denominator, never counted
-        kept = group > 0  # only values drawn in this resample can be thresholds
-        if not kept.any():  # only NaN rows drawn: no threshold
+        # cum[j]: weight of the sorted positions up to j in this resample. Only values drawn (weight > 0) are
+        # candidates, and the position where `cum` first reaches a weight is the last drawn one up to it.
+        cum = np.cumsum(c.astype(np.int64)[item_sorted])
+        drawn = int(cum[-1])
+        if drawn == 0:  # only NaN rows drawn: no threshold
             out[k] = np.nan
             continue
-        last = distinct[kept][-1]
-        top = np.nextafter(last, np.float32(np.inf), dtype=np.float32)
-        # As in _below: the count `top` really passes (not all, when the largest value is +inf).
-        passing_all = below[kept][-1] if last == np.inf else below[-1] + group[-1]
-        cand_counts = np.append(below[kept], passing_all)
-        cand = np.append(distinct[kept], top)
+        total = float(c[row_items].sum()) * per_row.shape[1]  # NaNs stay in the denominator, never counted
+        last = int(group_of[np.searchsorted(cum, drawn)])
+        # As in _below: the count the value above the largest passes (not all, when that value is +inf).
+        top_count = _weight_below(cum, starts, last) if distinct[last] == np.inf else drawn
+        top = (float(np.nextafter(distinct[last], np.float32(np.inf), dtype=np.float32)), top_count)
         for j, p in enumerate(ps):
-            out[k, j] = float(cand[int(np.argmin(np.abs(cand_counts - p * total)))])
+            want = p * total
+            # g: the first distinct value with at least `want` below it (every value at or before position i
+            # has less below it, where cum[i] is the first to reach `want`).
+            i = int(np.searchsorted(cum, want))
+            g = 0 if want <= 0 else int(group_of[i]) + 1 if i < cum.size else distinct.size
+            weight = _weight_below(cum, starts, g) if g < distinct.size else drawn
+            # The nearest drawn candidates: the last one below `want` and the first at or above it.
+            lower = int(group_of[np.searchsorted(cum, weight)]) if weight > 0 else None
+            lower_count = _weight_below(cum, starts, lower) if lower is not None else None
+            upper_at = int(np.searchsorted(cum, weight, side="right")) if g < distinct.size else cum.size
+            upper = (float(distinct[group_of[upper_at]]), weight) if upper_at < cum.size else top
+            if lower_count is not None and abs(lower_count - want) <= abs(upper[1] - want):  # ties: the smaller
+                out[k, j] = float(distinct[lower])
+            else:
+                out[k, j] = upper[0]
     return out * float(sign)
 
 
