@@ -343,6 +343,19 @@ def test_a_study_of_some_models_reports_every_calibrated_run(local_run, workspac
         ih.study(_study_file(workspace), out, models=["nope"], progress=False)
 
 
+def test_a_task_calibrated_two_ways_has_a_run_each(local_run, workspace, tmp_path):
+    """Runs of one (model, task) that calibrate differently keep their own directories, and the result lists both."""
+    out = tmp_path / "study"
+    shutil.copytree(local_run.out, out, copy_function=shutil.copy2)
+    path = _study_file(workspace, "tiny")
+    path.write_text(path.read_text() + '\n[[tasks]]\nname = "recall"\nlimit = 6\ncalibration_task = "recall_short"\n')
+    result = ih.study(path, out, models=["llama"], progress=False)
+    assert result.calibrated == 1 and result.computed == 3  # the transferred calibration and its cells only
+    llama_recall = sorted(name for name in result.runs if name.startswith("llama--recall-"))
+    assert len(result.runs) == 6 and len(llama_recall) == 2
+    assert {result.runs[n].name for n in llama_recall} == set(llama_recall)
+
+
 def test_an_executor_is_one_registered_class(local_run, workspace, tmp_path):
     @ih.register_executor
     class ModelsInReverse(LocalExecutor):

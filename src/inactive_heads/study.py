@@ -40,10 +40,11 @@ _CACHE_ENV = "INACTIVE_HEADS_CACHE"
 
 @dataclass
 class StudyResult:
-    """What :func:`study` did: where everything is, and how many cells it evaluated or found stored."""
+    """What :func:`study` did: where everything is (``runs``: each run's directory by its name; one (model, task)
+    calibrated several ways has a run each), and how many cells it evaluated or found stored."""
 
     out: Path
-    runs: dict[tuple[str, str], Path]
+    runs: dict[str, Path]
     cells: int
     computed: int
     reused: int
@@ -392,7 +393,7 @@ def study(
             )
     return StudyResult(
         out=out,
-        runs={(r.model.name, r.task.name): r.dir for r in runs},
+        runs={r.dir.name: r.dir for r in runs},
         cells=sum(len(k) for k in plan.keys.values()),
         computed=plan.computed,
         reused=plan.reused,
