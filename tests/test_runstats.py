@@ -134,11 +134,19 @@ def test_protocol_table_lines_up_cells_of_one_task_under_each_calibration():
         "held-out calibration",
         "calibrated on arc_easy",
     ]
-    header, rows = protocol_table([(same, None), (held, run_bootstrap(held)), (moved, None)])
-    assert header == ["score", "target", *(calibration_label(r) for r in (same, held, moved))]
+    header, rows = protocol_table([(same, None), (held, run_bootstrap(held)), (moved, None)], n_resamples=300)
+    labels = [calibration_label(r) for r in (same, held, moved)]
+    assert header == ["score", "target", *labels, "on the evaluated items − held-out", "on arc_easy − held-out"]
     assert [r[:2] for r in rows] == [["AWFT", "0.1"], ["AWFT", "0.2"], ["AHON (LN)", "0.1"], ["AHON (LN)", "0.2"]]
     cell = next(c for c in same.cells if c["score"] == "ahon_ln" and c["target"] == 0.1)
     row = next(r for r in rows if r[:2] == ["AHON (LN)", "0.1"])
     assert row[2] == f"{100 * (cell['accuracy'] - same.baseline):+.1f} at 11.0%"
     assert row[3].count("[") == 1 and row[3].endswith("at 11.0%")
+    # Against the held-out calibration (the reference): the paired difference over the same items, as a loop.
+    held_cell = next(c for c in held.cells if c["score"] == "ahon_ln" and c["target"] == 0.1)
+    x, y = (np.asarray(c["per_item"]["pred"]) == 0 for c in (cell, held_cell))
+    draws = np.random.default_rng(0).integers(0, 30, size=(300, 30))
+    diffs = [100 * (x[i].mean() - y[i].mean()) for i in draws]
+    lo, hi = np.percentile(diffs, [2.5, 97.5])
+    assert row[5] == f"{100 * (x.mean() - y.mean()):+.1f} [{lo:+.1f}, {hi:+.1f}]"
     assert protocol_table([(same, None)]) is None

@@ -6,7 +6,13 @@ import numpy as np
 import pytest
 
 from inactive_heads.analysis import Curve, table2, wasserstein1
-from inactive_heads.uncertainty import _resampled_w1, bootstrap_run, bootstrap_wasserstein, resample_counts
+from inactive_heads.uncertainty import (
+    _resampled_w1,
+    bootstrap_difference,
+    bootstrap_run,
+    bootstrap_wasserstein,
+    resample_counts,
+)
 
 
 def _run(seed: int, n: int = 40):
@@ -78,11 +84,25 @@ def test_resample_counts_draw_n_items_per_resample_and_are_seeded():
     assert (c == resample_counts(17, 50, seed=3)).all() and not (c == resample_counts(17, 50, seed=4)).all()
 
 
+def test_bootstrap_difference_is_a_loop_over_explicit_resamples():
+    rng = np.random.default_rng(4)
+    a, b = rng.random(50) < 0.6, rng.random(50) < 0.5
+    got = bootstrap_difference(a, b, n_resamples=300, seed=9)
+    draws = np.random.default_rng(9).integers(0, 50, size=(300, 50))
+    diffs = [sum(a[i] for i in idx) / 50 - sum(b[i] for i in idx) / 50 for idx in draws]
+    assert got.value == pytest.approx(a.mean() - b.mean())
+    assert (got.low, got.high) == pytest.approx(tuple(np.percentile(diffs, [2.5, 97.5])))
+    same = bootstrap_difference(a, a)
+    assert (same.value, same.low, same.high) == (0.0, 0.0, 0.0)
+
+
 def test_bad_input_is_refused():
     with pytest.raises(ValueError, match="items, but the baseline has"):
         bootstrap_run([True, False], {"a": [(0.1, [True])]})
     with pytest.raises(ValueError, match="level"):
         bootstrap_run([True], {}, level=1.5)
+    with pytest.raises(ValueError, match="same items"):
+        bootstrap_difference([True, False], [True])
 
 
 def _scores(seed: int, rows: int, shape: tuple[int, ...] = (3, 2), shift: float = 0.0) -> np.ndarray:

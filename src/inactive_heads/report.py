@@ -513,7 +513,9 @@ def _protocol_section(doc: Document, runs: Sequence[RunData], boots: dict[int, B
     doc.p(
         "One model and task, its thresholds calibrated in different ways: accuracy change to baseline in points "
         "[interval] at the % of heads actually zeroed. The paper calibrates on the evaluated items themselves; a "
-        "held-out calibration uses other items of the task; a transfer uses another task's calibration."
+        "held-out calibration uses other items of the task; a transfer uses another task's calibration. The last "
+        "columns: one calibration's accuracy minus the other's, in points [paired 95% bootstrap interval over the "
+        "evaluated items]."
     )
     for (model, task, _, _), table in tables:
         doc.h(3, f"{model} — {task}")

@@ -22,6 +22,7 @@ from .uncertainty import (
     DEFAULT_RESAMPLES,
     Bootstrap,
     Interval,
+    bootstrap_difference,
     bootstrap_run,
     independent_counts,
     item_index,
@@ -268,12 +269,18 @@ def _score_order(runs: Sequence[RunData], score: str) -> int:
     return 1 << 30
 
 
-def protocol_table(variants: Sequence[tuple[RunData, Bootstrap | None]]) -> Table | None:
+def protocol_table(
+    variants: Sequence[tuple[RunData, Bootstrap | None]], n_resamples: int = DEFAULT_RESAMPLES, seed: int = 0
+) -> Table | None:
     """The same task and model under different calibrations: per (score, target) present in two or more of them,
-    each calibration's accuracy change to baseline (95% interval) and the fraction of heads it actually zeroed."""
+    each calibration's accuracy change to baseline (95% interval) and the fraction of heads it actually zeroed, and
+    how each calibration's accuracy differs from the reference one (the held-out calibration where there is one,
+    else the first), with the paired bootstrap interval over the evaluated items."""
     if len(variants) < 2:
         return None
+    runs = [r for r, _ in variants]
     cells: list[dict[tuple[str, float], str]] = []
+    by_key: list[dict[tuple[str, float], dict[str, Any]]] = []
     for run, boot in variants:
         shown: dict[tuple[str, float], str] = {}
         for c in run.cells:
@@ -284,14 +291,35 @@ def protocol_table(variants: Sequence[tuple[RunData, Bootstrap | None]]) -> Tabl
             delta = f"{100 * (c['accuracy'] - run.baseline):+.1f}" if iv is None else interval_text(iv, signed=True)
             shown[key] = f"{delta} at {100 * c['fraction_zeroed']:.1f}%"
         cells.append(shown)
+        by_key.append({(str(c["score"]), float(c["target"])): c for c in run.cells if c.get("score") is not None})
     keys = sorted(
         {k for s in cells for k in s if sum(k in t for t in cells) >= 2},
-        key=lambda k: (_score_order([r for r, _ in variants], k[0]), k[1]),
+        key=lambda k: (_score_order(runs, k[0]), k[1]),
     )
     if not keys:
         return None
-    header = ["score", "target", *(calibration_label(r) for r, _ in variants)]
-    return header, [[score_label(s), f"{t:g}", *(c.get((s, t), "–") for c in cells)] for s, t in keys]
+    labels = [calibration_label(r) for r in runs]
+    ref = labels.index("held-out calibration") if "held-out calibration" in labels else 0
+    others = [i for i in range(len(runs)) if i != ref]
+
+    def versus(i: int, key: tuple[str, float]) -> str:
+        a, b = by_key[i].get(key), by_key[ref].get(key)
+        if a is None or b is None:
+            return "–"
+        ids = (b.get("per_item") or {}).get("ids")
+        x, y = _correct(a, ids), _correct(b, ids)
+        if x is None or y is None:
+            return f"{100 * (a['accuracy'] - b['accuracy']):+.1f}"
+        return interval_text(bootstrap_difference(x, y, n_resamples=n_resamples, seed=seed), signed=True)
+
+    def short(label: str) -> str:
+        return label.removeprefix("calibrated ").removesuffix(" calibration")
+
+    header = ["score", "target", *labels, *(f"{short(labels[i])} − {short(labels[ref])}" for i in others)]
+    return header, [
+        [score_label(s), f"{t:g}", *(c.get((s, t), "–") for c in cells), *(versus(i, (s, t)) for i in others)]
+        for s, t in keys
+    ]
 
 
 def cascade_table(runs: Sequence[RunData]) -> Table | None:

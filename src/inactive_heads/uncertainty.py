@@ -19,6 +19,7 @@ from .analysis import TABLE2_TOLERANCE, Curve, table2, wasserstein1
 __all__ = [
     "Bootstrap",
     "Interval",
+    "bootstrap_difference",
     "bootstrap_run",
     "bootstrap_wasserstein",
     "independent_counts",
@@ -94,6 +95,23 @@ def percentile_interval(point: float, samples: np.ndarray, level: float = 0.95, 
     else:
         low, high = np.nanpercentile(samples, [tail, 100 - tail])
     return Interval(float(point), float(low), float(high))
+
+
+def bootstrap_difference(
+    a: Sequence[bool] | np.ndarray,
+    b: Sequence[bool] | np.ndarray,
+    *,
+    n_resamples: int = DEFAULT_RESAMPLES,
+    seed: int = 0,
+    level: float = 0.95,
+) -> Interval:
+    """Mean of ``a`` minus mean of ``b`` (per-item correctness of two evaluations of the same items, in the same
+    order) with its paired bootstrap interval: one resample of items serves both."""
+    x, y = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
+    if x.shape != y.shape or x.ndim != 1:
+        raise ValueError(f"need two vectors over the same items, got shapes {x.shape} and {y.shape}")
+    counts = resample_counts(x.shape[0], n_resamples, seed)
+    return percentile_interval(float(np.mean(x - y)), counts @ (x - y) / x.shape[0], level)
 
 
 def bootstrap_run(
