@@ -282,16 +282,14 @@ def protocol_table(
     cells: list[dict[tuple[str, float], str]] = []
     by_key: list[dict[tuple[str, float], dict[str, Any]]] = []
     for run, boot in variants:
+        stored = {(str(c["score"]), float(c["target"])): c for c in run.cells if c.get("score") is not None}
         shown: dict[tuple[str, float], str] = {}
-        for c in run.cells:
-            if c.get("score") is None:
-                continue
-            key = (str(c["score"]), float(c["target"]))
+        for key, c in stored.items():
             iv = None if boot is None else boot.cells.get((key[0], float(c["fraction_zeroed"])))
             delta = f"{100 * (c['accuracy'] - run.baseline):+.1f}" if iv is None else interval_text(iv, signed=True)
             shown[key] = f"{delta} at {100 * c['fraction_zeroed']:.1f}%"
         cells.append(shown)
-        by_key.append({(str(c["score"]), float(c["target"])): c for c in run.cells if c.get("score") is not None})
+        by_key.append(stored)
     keys = sorted(
         {k for s in cells for k in s if sum(k in t for t in cells) >= 2},
         key=lambda k: (_score_order(runs, k[0]), k[1]),
