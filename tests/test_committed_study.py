@@ -34,13 +34,14 @@ def test_every_stored_cell_is_a_planned_cell():
 
 
 def test_the_report_shows_the_stored_cells():
+    # The report is written from runs/: each of its rows is a stored cell, as the report's writer renders it from
+    # the run directories (the bootstrap interval columns aside: they are not recomputed here).
     committed = _cells((STUDY / "report" / "cells.csv").read_text())
     runs = [load_run(d) for d in sorted((STUDY / "runs").iterdir())]
-    stored = _cells(_cells_csv(runs, [None] * len(runs)))  # the rows the report would write from runs/
-    shared = committed.keys() & stored.keys()
-    for key in shared:
-        assert committed[key]["accuracy"] == stored[key]["accuracy"], key
-        # A cell computed again on a CPU whose float sums differ in the last bits may flip a head that sits at
-        # its threshold on some input, which moves the fraction by a few (input, head) pairs.
-        assert abs(float(committed[key]["fraction_zeroed"]) - float(stored[key]["fraction_zeroed"])) < 1e-4, key
-    assert shared
+    stored = _cells(_cells_csv(runs, [None] * len(runs)))
+    missing = sorted(committed.keys() - stored.keys())
+    assert not missing, f"{len(missing)} report rows have no stored cell, e.g. {missing[0]}"
+    for key, row in committed.items():
+        differ = {k for k, v in row.items() if k not in ("delta_low", "delta_high") and stored[key][k] != v}
+        assert not differ, (key, differ)
+    assert committed
