@@ -356,6 +356,22 @@ def test_a_task_calibrated_two_ways_has_a_run_each(local_run, workspace, tmp_pat
     assert {result.runs[n].name for n in llama_recall} == set(llama_recall)
 
 
+def test_the_report_names_runs_still_being_computed(local_run, workspace, tmp_path):
+    out = tmp_path / "study"
+    shutil.copytree(local_run.out, out, copy_function=shutil.copy2)
+    run = next((out / "runs").glob("llama--recall-*"))
+    cells = sorted((run / "cells").glob("*.json"))
+    score_cell = next(p for p in cells if json.loads(p.read_text())["score"] is not None)
+    score_cell.unlink()
+    ih.study(_study_file(workspace), out, models=(), progress=False)  # --report-only
+    md = (out / "report" / "report.md").read_text()
+    assert (
+        "Runs still being computed: llama (recall (0-shot, 6 items; calibrated on the evaluated items): 2 of 3 cells)"
+        in md
+    )
+    assert md.count("planned cells stored so far") == 1 and "2 of 3 planned cells stored so far" in md
+
+
 def test_an_executor_is_one_registered_class(local_run, workspace, tmp_path):
     @ih.register_executor
     class ModelsInReverse(LocalExecutor):

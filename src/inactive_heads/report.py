@@ -327,9 +327,12 @@ def write_study_report(
     (``n_resamples``, ``seed``; :mod:`~inactive_heads.uncertainty`); then the overlap of the heads score functions
     flag, the thresholds of each task side by side, and one task's cells under different calibrations.
     """
-    loaded = [_shown(load_run(d), keys) for d, keys in runs]
+    planned = [None if keys is None else list(keys) for _, keys in runs]
+    loaded = [_shown(load_run(d), keys) for (d, _), keys in zip(runs, planned, strict=True)]
     if not loaded:
         raise ValueError("no run directories given")
+    # Runs still being computed: their values and ranks cover only the cells stored so far.
+    partial = {id(r): len(k) for r, k in zip(loaded, planned, strict=True) if k is not None and len(r.cells) < len(k)}
     tasks: dict[str, list[RunData]] = {}
     for run in loaded:
         tasks.setdefault(_task_label(run), []).append(run)
@@ -337,6 +340,16 @@ def write_study_report(
     doc.h(1, title)
     n_models = len(dict.fromkeys(r.name for r in loaded))
     doc.p(f"{n_models} models × {len(tasks)} tasks, {sum(len(r.cells) for r in loaded)} cells. {_TABLE2_NOTE}")
+    if partial:
+        doc.p(
+            "Runs still being computed: "
+            + ", ".join(
+                f"{r.name} ({_task_label(r)}: {len(r.cells)} of {partial[id(r)]} cells)"
+                for r in loaded
+                if id(r) in partial
+            )
+            + ". Their Table-2 values, ranks and intervals cover only the cells stored so far."
+        )
     unscored = [f"{r.name} ({_task_label(r)})" for r in loaded if r.scores is None]
     if unscored:
         doc.p(
@@ -368,6 +381,8 @@ def write_study_report(
             doc.table(*w1)
         for run, rows in zip(task_runs, all_rows, strict=True):
             doc.h(3, f"{run.name} — {label}")
+            if id(run) in partial:
+                doc.p(f"{len(run.cells)} of {partial[id(run)]} planned cells stored so far: this run is incomplete.")
             _run_section(doc, run, rows, f"{t}_{slug(run.name)}", boots[id(run)])
 
     _cascade_section(doc, loaded)
