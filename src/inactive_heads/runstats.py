@@ -279,19 +279,9 @@ def protocol_table(
     if len(variants) < 2:
         return None
     runs = [r for r, _ in variants]
-    cells: list[dict[tuple[str, float], str]] = []
-    by_key: list[dict[tuple[str, float], dict[str, Any]]] = []
-    for run, boot in variants:
-        stored = {(str(c["score"]), float(c["target"])): c for c in run.cells if c.get("score") is not None}
-        shown: dict[tuple[str, float], str] = {}
-        for key, c in stored.items():
-            iv = None if boot is None else boot.cells.get((key[0], float(c["fraction_zeroed"])))
-            delta = f"{100 * (c['accuracy'] - run.baseline):+.1f}" if iv is None else interval_text(iv, signed=True)
-            shown[key] = f"{delta} at {100 * c['fraction_zeroed']:.1f}%"
-        cells.append(shown)
-        by_key.append(stored)
+    stored = [{(str(c["score"]), float(c["target"])): c for c in r.cells if c.get("score") is not None} for r in runs]
     keys = sorted(
-        {k for s in cells for k in s if sum(k in t for t in cells) >= 2},
+        {k for cells in stored for k in cells if sum(k in t for t in stored) >= 2},
         key=lambda k: (_score_order(runs, k[0]), k[1]),
     )
     if not keys:
@@ -300,8 +290,16 @@ def protocol_table(
     ref = labels.index("held-out calibration") if "held-out calibration" in labels else 0
     others = [i for i in range(len(runs)) if i != ref]
 
+    def shown(i: int, key: tuple[str, float]) -> str:
+        (run, boot), c = variants[i], stored[i].get(key)
+        if c is None:
+            return "–"
+        iv = None if boot is None else boot.cells.get((key[0], float(c["fraction_zeroed"])))
+        delta = f"{100 * (c['accuracy'] - run.baseline):+.1f}" if iv is None else interval_text(iv, signed=True)
+        return f"{delta} at {100 * c['fraction_zeroed']:.1f}%"
+
     def versus(i: int, key: tuple[str, float]) -> str:
-        a, b = by_key[i].get(key), by_key[ref].get(key)
+        a, b = stored[i].get(key), stored[ref].get(key)
         if a is None or b is None:
             return "–"
         ids = (b.get("per_item") or {}).get("ids")
@@ -315,7 +313,7 @@ def protocol_table(
 
     header = ["score", "target", *labels, *(f"{short(labels[i])} − {short(labels[ref])}" for i in others)]
     return header, [
-        [score_label(s), f"{t:g}", *(c.get((s, t), "–") for c in cells), *(versus(i, (s, t)) for i in others)]
+        [score_label(s), f"{t:g}", *(shown(i, (s, t)) for i in range(len(runs))), *(versus(i, (s, t)) for i in others)]
         for s, t in keys
     ]
 
