@@ -193,6 +193,11 @@ def item_index(row_items: Sequence[int] | np.ndarray) -> tuple[np.ndarray, int]:
     return index.reshape(-1), ids.size
 
 
+# A block of resamples, [resamples, values] in float64, stays within the CPU's cache (8 MB), each row contiguous along
+# the cumulative sum.
+_W1_BLOCK_VALUES = 2**20
+
+
 def _resampled_w1(
     va: np.ndarray, da: np.ndarray, counts_a: np.ndarray, vb: np.ndarray, db: np.ndarray, counts_b: np.ndarray
 ) -> np.ndarray:
@@ -208,13 +213,14 @@ def _resampled_w1(
     size_a = np.bincount(da, minlength=na)  # values per item
     size_b = np.bincount(db, minlength=counts_b.shape[1])
     out = np.empty(counts_a.shape[0])
-    step = max(1, 2**24 // order.size)  # resamples per block: bounded memory
+    step = max(1, _W1_BLOCK_VALUES // order.size)  # resamples per block
     for lo in range(0, counts_a.shape[0], step):
         a, b = counts_a[lo : lo + step].astype(np.float64), counts_b[lo : lo + step].astype(np.float64)
-        weights = np.concatenate([a / (a @ size_a)[:, None], -b / (b @ size_b)[:, None]], axis=1).T
-        cdf_gap = np.cumsum(weights[column], axis=0)  # [values, resamples]: F_a - F_b at each sorted value
+        weights = np.concatenate([a / (a @ size_a)[:, None], -b / (b @ size_b)[:, None]], axis=1)
+        cdf_gap = np.take(weights, column, axis=1)  # [resamples, values]
+        np.cumsum(cdf_gap, axis=1, out=cdf_gap)  # F_a - F_b at each sorted value
         np.abs(cdf_gap, out=cdf_gap)
-        out[lo : lo + step] = gaps @ cdf_gap[:-1]
+        out[lo : lo + step] = cdf_gap[:, :-1] @ gaps
     return out
 
 
