@@ -9,7 +9,8 @@
   items) against ``wasserstein1`` of each resample's values repeated by their item's count. The distribution
   comparisons bootstrap every score function of every model pair, pooled and per depth bin.
 
-Methods alternate, one torch thread, process CPU time; every resample's result is checked equal.
+Methods alternate, one torch thread, process CPU time; results are checked equal (every resample's thresholds, and
+the W1 intervals).
 
     python bench/bench_bootstrap.py [--resamples 50] [--repeats 3]
 """
