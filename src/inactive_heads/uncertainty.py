@@ -193,8 +193,8 @@ def item_index(row_items: Sequence[int] | np.ndarray) -> tuple[np.ndarray, int]:
     return index.reshape(-1), ids.size
 
 
-# A block of resamples, [resamples, values] in float64, stays within the CPU's cache (8 MB), each row contiguous along
-# the cumulative sum.
+# A block of resamples, [resamples, values] in float64, holds at most 8 MB so it stays in cache; each row is
+# contiguous along the cumulative sum.
 _W1_BLOCK_VALUES = 2**20
 
 
