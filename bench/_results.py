@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
-from inactive_heads.store import atomic_write_text
+from inactive_heads.atomic import atomic_write_text
 
 __all__ = ["RESULTS", "read_table", "update_table"]
 

@@ -29,9 +29,9 @@ import numpy as np
 import torch
 from _results import RESULTS, update_table  # bench/ is the script's directory, first on sys.path
 
-from inactive_heads.analysis import wasserstein1
-from inactive_heads.thresholds import resampled_thresholds, thresholds_from_cdf
-from inactive_heads.uncertainty import Interval, bootstrap_wasserstein, percentile_interval, resample_counts
+from inactive_heads.stats.bootstrap import Interval, bootstrap_wasserstein, percentile_interval, resample_counts
+from inactive_heads.stats.distances import wasserstein1
+from inactive_heads.stats.thresholds import resampled_thresholds, thresholds_from_cdf
 
 _T = TypeVar("_T")
 TARGETS = [0.05, 0.10, 0.15, 0.20, 0.25, 0.30]

@@ -6,7 +6,7 @@ script is run again. Then:
 
 * ``bench_generation_cascade`` in ``bench/RESULTS.md``: per mode and cell, exact match, the share of items whose
   generated tokens equal the unintervened run's, where the others first diverge, and tokens/s against the mode's
-  unintervened generation (the report's cascade table, :func:`inactive_heads.runstats.cascade_table`);
+  unintervened generation (the report's cascade table, :func:`inactive_heads.report.tables.cascade_table`);
 * ``bench_generation_speed``: tokens/s of transformers' ``generate`` (batched, left-padded, greedy) and of
   inactive-heads' generation without a policy and in each mode under AHON (LN), on ``--speed-prompts`` prompts
   with ``--speed-tokens`` new tokens (``--recompute-tokens`` for ``recompute``), one after the other in this process;
@@ -31,8 +31,8 @@ import inactive_heads as ih
 from inactive_heads._tensors import pad_left
 from inactive_heads.evaluation.generative import _encode, _prompts
 from inactive_heads.generation import MODES, generate_until
-from inactive_heads.rundir import load_run, slug
-from inactive_heads.runstats import cascade_table
+from inactive_heads.report.tables import cascade_table
+from inactive_heads.runs.directory import load_run, slug
 from inactive_heads.tasks import get_task, subset
 
 ROOT = Path(__file__).resolve().parent.parent

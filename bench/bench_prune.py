@@ -24,8 +24,10 @@ from __future__ import annotations
 import argparse
 import copy
 import json
+import math
 import statistics
 import time
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -33,10 +35,12 @@ import torch
 from _results import RESULTS, update_table  # bench/ is the script's directory, first on sys.path
 
 import inactive_heads as ih
-from inactive_heads import speed
-from inactive_heads.figures import frontier_figure, png
+from inactive_heads.atomic import atomic_write_bytes, atomic_write_json
+from inactive_heads.pruning import cost as speed
 from inactive_heads.pruning import pruned_mask
-from inactive_heads.store import atomic_write_bytes, atomic_write_json
+from inactive_heads.report.figures import figure, png
+from inactive_heads.runs.directory import score_label
+from inactive_heads.stats.curves import TABLE2_TOLERANCE
 from inactive_heads.tasks import get_task, subset
 from inactive_heads.tasks._data import package_file
 
@@ -60,6 +64,43 @@ class State:
         self.rows[key] = row
         atomic_write_json(self.path, self.rows)
         print(key, json.dumps(row)[:300], flush=True)
+
+
+def frontier_figure(panels: Sequence[tuple[str, float, Sequence[Mapping[str, Any]]]]) -> Any:
+    """Accuracy against measured speed-up of statically pruned models, one panel per ``(title, baseline accuracy,
+    points)``; a point is ``{"score", "fraction", "speedup", "accuracy"}`` and each score's points are joined in
+    order of fraction. The unpruned model is the point (1, baseline)."""
+    import matplotlib
+
+    colors = matplotlib.colormaps["tab10"]
+    cols = min(2, len(panels))
+    rows = math.ceil(len(panels) / cols)
+    fig = figure(4.6 * cols, 3.4 * rows)
+    for k, (title, baseline, points) in enumerate(panels):
+        ax = fig.add_subplot(rows, cols, k + 1)
+        names = list(dict.fromkeys(str(p["score"]) for p in points))
+        for i, name in enumerate(names):
+            mine = sorted((p for p in points if p["score"] == name), key=lambda p: float(p["fraction"]))
+            xs = [1.0, *(float(p["speedup"]) for p in mine)]
+            ys = [100 * baseline, *(100 * float(p["accuracy"]) for p in mine)]
+            style = {"color": "black", "ls": "--"} if name == "random" else {"color": colors(i % 10)}
+            ax.plot(xs, ys, marker="o", ms=3.5, lw=1.2, label=score_label(name), **style)
+            for p, x, y in zip(mine, xs[1:], ys[1:], strict=True):
+                ax.annotate(
+                    f"{100 * float(p['fraction']):.0f}%", (x, y), fontsize=6, xytext=(2, 2), textcoords="offset points"
+                )
+        ax.axhline(100 * baseline, color="grey", lw=0.8, ls=":")
+        ax.axhline(100 * (baseline - TABLE2_TOLERANCE), color="grey", lw=0.8, ls=":")
+        ax.set_title(title, fontsize=9)
+        ax.set_xlabel("speed-up over the unpruned model (×)", fontsize=8)
+        ax.set_ylabel("accuracy (%)", fontsize=8)
+        ax.tick_params(labelsize=7)
+        ax.grid(alpha=0.3)
+        if k == 0:
+            ax.legend(fontsize=7)
+    fig.suptitle("Static pruning: accuracy against speed-up (labels: % of heads removed)", fontsize=10)
+    fig.tight_layout()
+    return fig
 
 
 def _load(name: str, qwen_gguf: Path | None) -> tuple[Any, Any]:

@@ -31,9 +31,9 @@ from pathlib import Path
 from _results import update_table  # bench/ is the script's directory, first on sys.path
 
 import inactive_heads as ih
-from inactive_heads.executors import RayExecutor
-from inactive_heads.rundir import load_run
-from inactive_heads.store import atomic_write_json
+from inactive_heads.atomic import atomic_write_json
+from inactive_heads.runs.directory import load_run
+from inactive_heads.studies.executors import RayExecutor
 
 ROOT = Path(__file__).resolve().parent.parent
 CONFIGS = {  # name -> (executor, workers per model, CPUs (= torch threads) per worker)

@@ -6,7 +6,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from inactive_heads.analysis import (
+from inactive_heads.scores import HeadScores
+from inactive_heads.stats.curves import (
     Curve,
     common_fraction_range,
     max_zeroed_within,
@@ -15,11 +16,9 @@ from inactive_heads.analysis import (
     spearman,
     table2,
     top_k_iou,
-    wasserstein1,
-    wasserstein_table,
     zero_frequency,
 )
-from inactive_heads.scores import HeadScores
+from inactive_heads.stats.distances import wasserstein1, wasserstein_table
 
 stats = pytest.importorskip("scipy.stats")
 

@@ -11,7 +11,8 @@ import pytest
 import torch
 
 import inactive_heads as ih
-from inactive_heads import _version, store
+from inactive_heads import _version
+from inactive_heads.runs import store
 from inactive_heads.scores import _SCORE_FUNCTIONS, LayerStats
 from inactive_heads.tasks import _TASKS, Item, Task
 

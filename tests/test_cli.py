@@ -19,7 +19,7 @@ import inactive_heads.evaluation as evaluation
 from inactive_heads import analysis
 from inactive_heads.cli import main
 from inactive_heads.scores import _SCORE_FUNCTIONS, SCORE_FUNCTIONS, HeadScores
-from inactive_heads.uncertainty import bootstrap_wasserstein
+from inactive_heads.stats.bootstrap import bootstrap_wasserstein
 
 _RUN = ["--task", "recall", "--limit", "12", "--batch-size", "8"]
 _PLUGIN = """

@@ -8,8 +8,8 @@ import io
 from pathlib import Path
 
 import inactive_heads as ih
-from inactive_heads.report import _cells_csv
-from inactive_heads.rundir import load_run
+from inactive_heads.report.writer import _cells_csv
+from inactive_heads.runs.directory import load_run
 
 STUDY = Path(__file__).resolve().parents[1] / "docs" / "study"
 

@@ -12,9 +12,10 @@ from _tiny import tiny_model, tiny_tokenizer
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from inactive_heads.engine import Policy, record_scores, watch
+from inactive_heads.engine import Policy, watch
 from inactive_heads.evaluation import EvalResult, evaluate
 from inactive_heads.evaluation.batching import _fill_rows
+from inactive_heads.recording import record_scores
 from inactive_heads.tasks import FEWSHOT_SEED, Item, Task
 from inactive_heads.tasks.recall import recall_task
 

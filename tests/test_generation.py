@@ -12,7 +12,7 @@ from inactive_heads._compat import cache_kwarg, output_cache
 from inactive_heads.evaluation import EvalConfig, evaluate
 from inactive_heads.evaluation.generative import _exact_match, _extract
 from inactive_heads.generation import cascade, generate_until
-from inactive_heads.rundir import score_label
+from inactive_heads.runs.directory import score_label
 from inactive_heads.tasks import Item, Task
 from inactive_heads.tasks.gsm8k import GSM8K_GENERATION
 
@@ -307,7 +307,7 @@ def test_generation_options_leave_existing_identities_alone():
 @pytest.mark.parametrize("mode", ["step", "recompute", "prompt"])
 def test_sweep_runs_a_generative_task_and_resumes(model, tok, tmp_path, mode):
     from inactive_heads import sweep
-    from inactive_heads.rundir import load_run
+    from inactive_heads.runs.directory import load_run
 
     kw = dict(scores=["ahon_ln", "random"], targets=[0.0, 0.3], max_gen_toks=3, batch_size=2, progress=False)
     cells = sweep(model, tok, _task(), tmp_path, generation_mode=mode, **kw)
@@ -319,7 +319,7 @@ def test_sweep_runs_a_generative_task_and_resumes(model, tok, tmp_path, mode):
     assert [c["accuracy"] for c in again] == [c["accuracy"] for c in cells]
     # The cells keep each item's generated tokens: the report's cascade compares them with the baseline's.
     from inactive_heads import write_report
-    from inactive_heads.runstats import cascade_table
+    from inactive_heads.report.tables import cascade_table
 
     header, rows = cascade_table([run])
     base = next(c for c in run.cells if c["score"] is None)["generation"]["generated_tokens"]

@@ -5,8 +5,8 @@ from __future__ import annotations
 import multiprocessing
 import time
 
+from inactive_heads.runs.store import ResultStore
 from inactive_heads.scores import ScoreSpec
-from inactive_heads.store import ResultStore
 
 
 def _hold(root: str, key: str, ready, release) -> None:
@@ -76,7 +76,7 @@ import torch  # noqa: E402
 from _tiny import tiny_model, tiny_tokenizer  # noqa: E402
 
 import inactive_heads as ih  # noqa: E402
-from inactive_heads.rundir import load_run  # noqa: E402
+from inactive_heads.runs.directory import load_run  # noqa: E402
 from inactive_heads.scores import _SCORE_FUNCTIONS  # noqa: E402
 from inactive_heads.tasks import Item, Task  # noqa: E402
 

@@ -26,8 +26,8 @@ from inactive_heads import record_scores, static_mask, zero_heads
 from inactive_heads.cli import main
 from inactive_heads.generation import generate_until
 from inactive_heads.lm_eval_model import InactiveHeadsLM, simple_evaluate
-from inactive_heads.rundir import RunDir, model_identity, run_record
-from inactive_heads.thresholds import thresholds_from_cdf
+from inactive_heads.runs.directory import RunDir, model_identity, run_record
+from inactive_heads.stats.thresholds import thresholds_from_cdf
 
 SCORE = "ahon_ln"  # inactive below its threshold
 BATCH = 3

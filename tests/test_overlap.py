@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 import torch
 
-from inactive_heads.overlap import _resampled, flagged, overlap, threshold_spread
 from inactive_heads.scores import SCORE_FUNCTIONS, HeadScores
-from inactive_heads.thresholds import thresholds_from_cdf
-from inactive_heads.uncertainty import resample_counts
+from inactive_heads.stats.bootstrap import resample_counts
+from inactive_heads.stats.overlap import _resampled, flagged, overlap, threshold_spread
+from inactive_heads.stats.thresholds import thresholds_from_cdf
 
 NAMES = ["awft", "ahon_ln", "avvn_ln", "random"]
 

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 import inactive_heads as ih
 from inactive_heads import pruning
-from inactive_heads.rundir import RunDir, model_identity
+from inactive_heads.runs.directory import RunDir, model_identity
 
 N_LAYERS, N_HEADS = 3, 4
 _TOKENIZER = tiny_tokenizer()
@@ -84,17 +84,17 @@ def test_pruned_model_has_fewer_weights_and_keeps_its_record(arch):
     assert model.config.inactive_heads_pruned_heads == [[0], [1, 3], [2, 3]]
     # Each pruned module runs the registered function whatever the model is set to; the model's own setting stays.
     assert model.config._attn_implementation == _model(arch).config._attn_implementation
-    assert all(m.config._attn_implementation == "inactive_heads" for m in ih.engine.attention_modules(model))
+    assert all(m.config._attn_implementation == "inactive_heads" for m in ih._model.attention_modules(model))
 
 
 def test_uneven_groups_map_query_heads_by_index():
     model = _pruned("llama", UNEVEN)
-    first = ih.engine.attention_modules(model)[0]
+    first = ih._model.attention_modules(model)[0]
     assert first.inactive_heads_query_heads.tolist() == [1, 2, 3]
     assert first.inactive_heads_kv_index.tolist() == [0, 1, 1]  # original KV heads 0, 1, 1
     assert first.num_key_value_groups is None  # no equal groups to describe
     assert first.q_proj.out_features == 3 * 8 and first.o_proj.in_features == 3 * 8 and first.k_proj.out_features == 16
-    last = ih.engine.attention_modules(model)[2]
+    last = ih._model.attention_modules(model)[2]
     assert last.inactive_heads_kv_index.tolist() == [0, 0]
     assert last.k_proj.out_features == last.v_proj.out_features == 8  # KV head 1 lost both its query heads
 

@@ -6,14 +6,15 @@ import numpy as np
 import pytest
 import torch
 
-from inactive_heads.analysis import Curve, common_fraction_range, max_zeroed_within, normalized_auc
-from inactive_heads.compare import compare_runs, depth_w1_intervals, score_distances
-from inactive_heads.document import render_table
-from inactive_heads.report import _pairwise_w1, write_report
-from inactive_heads.rundir import CELL_FIELDS, load_run, run_digest
+from inactive_heads.atomic import atomic_write_json
+from inactive_heads.report.compare import compare_runs, depth_w1_intervals, score_distances
+from inactive_heads.report.document import render_table
+from inactive_heads.report.writer import _pairwise_w1, write_report
+from inactive_heads.runs.directory import CELL_FIELDS, load_run, run_digest
+from inactive_heads.runs.store import ResultStore, cell_key
 from inactive_heads.scores import SCORE_FUNCTIONS, HeadScores
-from inactive_heads.store import ResultStore, atomic_write_json, cell_key
-from inactive_heads.uncertainty import independent_counts
+from inactive_heads.stats.bootstrap import independent_counts
+from inactive_heads.stats.curves import Curve, common_fraction_range, max_zeroed_within, normalized_auc
 
 _TARGETS = (0.0, 0.05, 0.10, 0.15, 0.20, 0.25, 0.30)
 # (knee, slope): accuracy stays at baseline until the knee, then falls linearly.
@@ -245,7 +246,7 @@ def test_png_is_a_deterministic_palette_image_of_the_render():
 
     from PIL import Image
 
-    from inactive_heads.figures import figure, png
+    from inactive_heads.report.figures import figure, png
 
     fig = figure(3, 2)
     ax = fig.add_subplot()
@@ -286,7 +287,7 @@ def test_render_table_formats():
 
 
 def test_markdown_escapes_raw_html_from_names():
-    from inactive_heads.document import Document
+    from inactive_heads.report.document import Document
 
     doc = Document()
     doc.h(2, "<img src=x onerror=alert(1)> — piqa")

@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from inactive_heads.rundir import CELL_FIELDS, RUN_FIELDS, Cell, RunDir, load_run, run_record, slug
+from inactive_heads.runs.directory import CELL_FIELDS, RUN_FIELDS, Cell, RunDir, load_run, run_record, slug
 
 
 def _cell(**changes):

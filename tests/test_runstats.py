@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 import torch
 
-from inactive_heads.rundir import RunData
-from inactive_heads.runstats import calibration_label, protocol_table, run_bootstrap, threshold_table
-from inactive_heads.uncertainty import bootstrap_run
+from inactive_heads.report.tables import calibration_label, protocol_table, run_bootstrap, threshold_table
+from inactive_heads.runs.directory import RunData
+from inactive_heads.stats.bootstrap import bootstrap_run
 
 IDS = [f"q{i}" for i in range(30)]
 
@@ -77,8 +77,8 @@ def test_threshold_spread_interval_is_a_bootstrap_of_each_tasks_calibration_item
     """With calibration scores and their rows' items, the spread gets an interval: each task's items resampled on
     their own, thresholds of the repeated rows, spread per resample, percentiles."""
     from inactive_heads.scores import HeadScores
-    from inactive_heads.thresholds import thresholds_from_cdf
-    from inactive_heads.uncertainty import independent_counts
+    from inactive_heads.stats.bootstrap import independent_counts
+    from inactive_heads.stats.thresholds import thresholds_from_cdf
 
     rng = np.random.default_rng(4)
     runs, values, items = [], {}, {}
@@ -113,7 +113,7 @@ def test_threshold_spread_interval_is_a_bootstrap_of_each_tasks_calibration_item
 
 
 def test_scores_flat_within_layers_names_scores_that_cannot_rank_a_layers_heads():
-    from inactive_heads.runstats import scores_flat_within_layers
+    from inactive_heads.report.tables import scores_flat_within_layers
     from inactive_heads.scores import HeadScores
 
     per_layer = torch.rand(6, 3, 1).expand(6, 3, 4)  # one value per (row, layer): 4 heads sharing one KV head

@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 import torch
 
-import inactive_heads.store
 from inactive_heads import __version__
-from inactive_heads.store import ResultStore, atomic_write_bytes, atomic_write_json, atomic_write_text, cell_key
+from inactive_heads.atomic import atomic_write_bytes, atomic_write_json, atomic_write_text
+from inactive_heads.runs.store import ResultStore, cell_key
 
 _FIELDS = {"model": "m@abc", "task": "piqa", "shots": 0, "limit": 100, "seed": 0, "score": "ahon", "threshold": 0.25}
 
@@ -82,12 +82,10 @@ def test_corrupt_cell_reported_missing_then_recomputed(tmp_path, content):
 
 _KILLED_WRITER = textwrap.dedent(
     """
-    import importlib.util, os, sys, time
+    import os, sys, time
 
-    # Load store.py alone: importing the package would pull in transformers and cost seconds.
-    spec = importlib.util.spec_from_file_location("_store", sys.argv[3])
-    store = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(store)
+    # The store writes every cell through this module, which (unlike the runs package) imports no torch.
+    from inactive_heads.atomic import atomic_write_json
 
     real_fsync = os.fsync
     def stall(fd):
@@ -96,7 +94,7 @@ _KILLED_WRITER = textwrap.dedent(
         print("ready", flush=True)
         time.sleep(60)
     os.fsync = stall
-    store.ResultStore(sys.argv[1], required=("accuracy",)).put(sys.argv[2], {"accuracy": 0.9, "pad": "x" * 100000})
+    atomic_write_json(os.path.join(sys.argv[1], sys.argv[2] + ".json"), {"accuracy": 0.9, "pad": "x" * 100000})
     """
 )
 
@@ -107,7 +105,7 @@ def test_sigkill_mid_put_leaves_no_corrupt_cell(tmp_path, preexisting):
     if preexisting:
         store.put("cell", {"accuracy": 0.1})
     proc = subprocess.Popen(
-        [sys.executable, "-c", _KILLED_WRITER, str(tmp_path), "cell", inactive_heads.store.__file__],
+        [sys.executable, "-c", _KILLED_WRITER, str(tmp_path), "cell"],
         stdout=subprocess.PIPE,
         text=True,
     )

@@ -26,14 +26,14 @@ import torch
 from _tiny import tiny_model, tiny_tokenizer
 
 import inactive_heads as ih
-from inactive_heads._sweep import plan_cells
 from inactive_heads.cli import main
-from inactive_heads.executors import LocalExecutor, RayExecutor
-from inactive_heads.figures import delta_figure
-from inactive_heads.report import write_study_report
-from inactive_heads.rundir import Cell, RunDir, load_run
-from inactive_heads.runstats import run_bootstrap
+from inactive_heads.report.figures import delta_figure
+from inactive_heads.report.tables import run_bootstrap
+from inactive_heads.report.writer import write_study_report
+from inactive_heads.runs.directory import Cell, RunDir, load_run
+from inactive_heads.runs.jobs import plan_cells
 from inactive_heads.scores import _SCORE_FUNCTIONS
+from inactive_heads.studies.executors import LocalExecutor, RayExecutor
 from inactive_heads.tasks import _TASKS
 
 _PLUGIN = """
@@ -387,7 +387,7 @@ def test_an_executor_is_one_registered_class(local_run, workspace, tmp_path):
         result = ih.study(_study_file(workspace), tmp_path, executor="reverse-test", progress=False)
         assert _cells(result.out) == _cells(local_run.out)
     finally:
-        from inactive_heads.executors import _EXECUTORS
+        from inactive_heads.studies.executors import _EXECUTORS
 
         _EXECUTORS.pop("reverse-test", None)
     with pytest.raises(ValueError, match="unknown executor 'nope'"):

@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 import inactive_heads as ih
-from inactive_heads.studyfile import Resources, StudyFileError
+from inactive_heads.studies.executors import Resources
+from inactive_heads.studies.file import StudyFileError
 
 ROOT = Path(__file__).resolve().parents[1]
 

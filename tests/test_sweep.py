@@ -10,7 +10,7 @@ import pytest
 
 import inactive_heads.evaluation as evaluation
 from inactive_heads import sweep
-from inactive_heads.rundir import load_run
+from inactive_heads.runs.directory import load_run
 from inactive_heads.tasks import Item, Task
 
 _SCORES = ["ahon", "awft", "random"]

@@ -7,14 +7,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from inactive_heads.scores import HeadScores
-from inactive_heads.thresholds import (
+from inactive_heads.stats.bootstrap import resample_counts
+from inactive_heads.stats.thresholds import (
     DEFAULT_TARGETS,
     fraction_passing,
     resampled_thresholds,
     thresholds_for,
     thresholds_from_cdf,
 )
-from inactive_heads.uncertainty import resample_counts
 
 _f32 = st.floats(min_value=-1e6, max_value=1e6, allow_nan=False, width=32)
 _targets = st.lists(st.floats(min_value=0.0, max_value=1.0), min_size=1, max_size=8)

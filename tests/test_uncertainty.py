@@ -5,15 +5,16 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from inactive_heads import uncertainty
-from inactive_heads.analysis import Curve, table2, wasserstein1
-from inactive_heads.uncertainty import (
+from inactive_heads.stats import bootstrap
+from inactive_heads.stats.bootstrap import (
     _resampled_w1,
     bootstrap_difference,
     bootstrap_run,
     bootstrap_wasserstein,
     resample_counts,
 )
+from inactive_heads.stats.curves import Curve, table2
+from inactive_heads.stats.distances import wasserstein1
 
 
 def _run(seed: int, n: int = 40):
@@ -112,7 +113,7 @@ def _scores(seed: int, rows: int, shape: tuple[int, ...] = (3, 2), shift: float 
 
 @pytest.mark.parametrize("block_values", [2**20, 300])  # one block; 2 resamples a block, the last one short
 def test_resampled_w1_equals_w1_of_the_repeated_samples(monkeypatch, block_values):
-    monkeypatch.setattr(uncertainty, "_W1_BLOCK_VALUES", block_values)
+    monkeypatch.setattr(bootstrap, "_W1_BLOCK_VALUES", block_values)
     a, b = _scores(0, 12), _scores(1, 9, shift=0.3)
     items_a, items_b = np.repeat(np.arange(6), 2), np.arange(9) // 3  # 6 items of 2 rows, 3 items of 3 rows
     counts_a, counts_b = resample_counts(6, 25, 3), resample_counts(3, 25, 4)

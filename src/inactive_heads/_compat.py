@@ -18,6 +18,8 @@ from transformers import AttentionInterface, PretrainedConfig, PreTrainedModel
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 from transformers.pytorch_utils import Conv1D
 
+from .errors import InactiveHeadsError
+
 __all__: list[str] = []  # internal module
 
 _LAYER_ATTRS = ("num_hidden_layers", "n_layer", "num_layers")
@@ -157,7 +159,7 @@ def keep_cache_pairs(cache: Any, layer: int, rows: torch.Tensor, heads: torch.Te
     freed, and later states are cut before they are appended."""
     state = cache.layers[layer]
     if hasattr(state, "inactive_heads_pairs"):
-        raise ValueError(f"cache layer {layer} already holds a subset of its states")
+        raise InactiveHeadsError(f"cache layer {layer} already holds a subset of its states")
     state.keys = state.keys[rows, heads][:, None]
     state.values = state.values[rows, heads][:, None]
     state.inactive_heads_pairs = (rows, heads)
@@ -187,7 +189,7 @@ def _int_attr(config: PretrainedConfig, names: tuple[str, ...], what: str) -> in
         value = getattr(config, name, None)
         if isinstance(value, int) and not isinstance(value, bool):
             return value
-    raise ValueError(f"cannot read the number of {what} from {type(config).__name__} (looked for {names})")
+    raise InactiveHeadsError(f"cannot read the number of {what} from {type(config).__name__} (looked for {names})")
 
 
 def is_conv1d(layer: torch.nn.Module) -> bool:

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 
 import torch
 
+from .errors import InactiveHeadsError
 from .kernels import additive_mask, lse_kernel
 from .scores import LayerStats
 
@@ -121,7 +122,7 @@ def _output_only(
     kv_index: torch.Tensor | None,
 ) -> torch.Tensor:
     """The attention output alone (any fused kernel), each KV head read in place: equal groups by SDPA's own GQA, an
-    uneven pruned layout (``kv_index`` nondecreasing, see :mod:`inactive_heads._layout`) by one call per KV head.
+    uneven pruned layout (``kv_index`` nondecreasing, see :mod:`inactive_heads._model`) by one call per KV head.
     Copying K and V out to every query head would cost a decoding step over a long cache about as much as attention."""
     mask = None if allowed is None else additive_mask(allowed, torch.float32)
     causal = allowed is None and causal
@@ -195,7 +196,7 @@ def attention_with_stats(
     ``random`` is left to the caller) and the row description. ``gram`` [H,Dv,Dv] is needed for fhon.
     ``is_causal`` applies only without ``attention_mask``: causal (top-left aligned) if True, else every key.
     ``kv_index`` (long [H]) names the KV head each query head reads, for a pruned module whose groups are uneven
-    (see :mod:`inactive_heads._layout`); without it query heads read KV heads in equal consecutive groups.
+    (see :mod:`inactive_heads._model`); without it query heads read KV heads in equal consecutive groups.
     """
     batch, heads, q_len, _ = query.shape
     kv_len = key.shape[2]
@@ -265,7 +266,7 @@ def attention_with_stats(
         stats.ahon = _masked_mean(o_norm, rows.real_q, rows.n_q)
     if "fhon" in needs:
         if gram is None:
-            raise ValueError("fhon needs the output projection's Gram matrices")
+            raise InactiveHeadsError("fhon needs the output projection's Gram matrices")
         # ||W_h o||^2 = o^T (W_h^T W_h) o: a d_head x d_head form per head, not a d_model vector per position.
         quad = torch.linalg.vecdot(out @ gram, out)
         stats.fhon = _masked_mean(quad.clamp(min=0).sqrt(), rows.real_q, rows.n_q)
@@ -287,7 +288,7 @@ def output_of_pairs(
 ) -> torch.Tensor:
     """The float32 attention output [B,H,S,Dv] of query [B,H,S,D] over a KV cache cut to (row, KV head) pairs:
     key/value [N,1,T,D] hold KV head ``heads[i]`` of row ``rows[i]``, KV head by KV head (see
-    :func:`inactive_heads._layout.cache_pairs`); ``reads`` [H] names each query head's KV head. A query head whose
+    :func:`inactive_heads._model.cache_pairs`); ``reads`` [H] names each query head's KV head. A query head whose
     row does not keep its KV head outputs zeros."""
     batch, n_heads, q_len, _ = query.shape
     out = query.new_zeros(batch, n_heads, q_len, value.shape[-1], dtype=torch.float32)

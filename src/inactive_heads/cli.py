@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from .errors import InactiveHeadsError, UnknownNameError
 from .plugins import load_plugins
 
 if TYPE_CHECKING:
@@ -62,7 +63,7 @@ def _score_names(text: str) -> str | list[str]:
 
 
 def _default_run_dir(args: argparse.Namespace) -> Path:
-    from .rundir import slug
+    from .runs.directory import slug
 
     model = Path(args.model).stem if args.model.endswith(".gguf") else Path(args.model.rstrip("/")).name
     shots = "" if args.shots is None else f"-{args.shots}shot"
@@ -97,7 +98,7 @@ def _eval_config(args: argparse.Namespace) -> EvalConfig:
 
 
 def _cmd_calibrate(args: argparse.Namespace) -> None:
-    from ._sweep import calibrate
+    from .runs.jobs import calibrate
 
     model, tok = _load(args)
     run_dir = args.run_dir or _default_run_dir(args)
@@ -117,7 +118,7 @@ def _cmd_calibrate(args: argparse.Namespace) -> None:
 
 
 def _run_sweep(args: argparse.Namespace, model: Any, tok: Any, run_dir: Path) -> list[dict[str, Any]]:
-    from ._sweep import sweep
+    from .runs.jobs import sweep
 
     return sweep(
         model,
@@ -135,9 +136,9 @@ def _run_sweep(args: argparse.Namespace, model: Any, tok: Any, run_dir: Path) ->
 
 
 def _print_table2(run_dir: Path) -> None:
-    from .document import render_table
-    from .rundir import load_run
-    from .runstats import max_zeroed_text
+    from .report.document import render_table
+    from .report.tables import max_zeroed_text
+    from .runs.directory import load_run
 
     run = load_run(run_dir)
     print(f"\n{run.name} on {run.run['task']}: baseline accuracy {100 * run.baseline:.2f}%")
@@ -164,14 +165,14 @@ def _cmd_sweep(args: argparse.Namespace) -> None:
 
 
 def _cmd_report(args: argparse.Namespace) -> None:
-    from .report import write_report
+    from .report.writer import write_report
 
     md, html = write_report(args.run_dirs, args.out)
     print(f"report: {html.resolve()}\n        {md.resolve()}")
 
 
 def _cmd_compare(args: argparse.Namespace) -> None:
-    from .compare import compare_runs
+    from .report.compare import compare_runs
 
     text, figure = compare_runs(args.run_a, args.run_b, args.out, args.scores, args.resamples, args.seed)
     print(text)
@@ -179,8 +180,8 @@ def _cmd_compare(args: argparse.Namespace) -> None:
 
 
 def _print_study_status(args: argparse.Namespace) -> None:
-    from .document import render_table
-    from .study import study_status
+    from .report.document import render_table
+    from .studies.runner import study_status
 
     runs = study_status(args.study, args.out, args.limit)
     by_model: dict[str, list[float]] = {}
@@ -205,7 +206,7 @@ def _print_study_status(args: argparse.Namespace) -> None:
 
 
 def _cmd_study(args: argparse.Namespace) -> None:
-    from .study import study
+    from .studies.runner import study
 
     if args.status:
         _print_study_status(args)
@@ -223,61 +224,28 @@ def _cmd_study(args: argparse.Namespace) -> None:
 
 
 def _cmd_prune(args: argparse.Namespace) -> None:
-    import copy
+    from .pruning.checkpoint import require_new_directory
+    from .pruning.measure import check_fraction, prune_and_measure
+    from .runs.directory import RunDir
+    from .scores import SCORE_FUNCTIONS
 
-    from . import speed
-    from .evaluation import EvalConfig, evaluate
-    from .pruning import prune_heads, require_new_directory, save_pruned, static_mask
-    from .rundir import load_run, model_identity
-    from .store import atomic_write_json
-
-    run = load_run(args.run_dir)
-    require_new_directory(args.out)  # before minutes of loading and evaluating
-    recorded = (run.run.get("model") or {}).get("identity") or {}
+    # Everything that needs no model is checked before one loads (minutes for a large model).
+    check_fraction(args.fraction)
+    if args.score not in SCORE_FUNCTIONS:
+        raise UnknownNameError(f"unknown score {args.score!r}; registered: {', '.join(SCORE_FUNCTIONS)}")
+    require_new_directory(args.out)
+    rd = RunDir(args.run_dir)
+    rd.read_calibration(args.score)
+    recorded = (rd.read_run().get("model") or {}).get("identity") or {}
     args.model = args.model or (recorded.get("source") or {}).get("spec")
     if not args.model:
-        raise ValueError(f"{args.run_dir} does not record where its model came from; pass --model")
+        raise InactiveHeadsError(f"{args.run_dir} does not record where its model came from; pass --model")
     model, tok = _load(args)
-    if model_identity(model) != recorded:
-        print(f"warning: {args.model} is not the model {args.run_dir} was calibrated on", file=sys.stderr)
-    mask = static_mask(args.run_dir, score=args.score, fraction=args.fraction)
-    pruned = prune_heads(copy.deepcopy(model), mask)
-    save_pruned(pruned, args.out, tok)
-
-    config = EvalConfig(**run.run.get("evaluation", {}), data_dir=args.data_dir, batch_size=args.batch_size)
-    if args.limit is not None:
-        config = config.replace(limit=args.limit)
-    task = run.run["task"]
-    print(f"evaluating {task} ({config.limit or 'all'} items), unpruned and pruned", file=sys.stderr)
-    before = evaluate(model, tok, task, config).metrics["acc"]
-    after = evaluate(pruned, tok, task, config).metrics["acc"]
-    runs = {
-        "unpruned": lambda: speed.prefill_seconds(model, args.prefill_tokens),
-        "pruned": lambda: speed.prefill_seconds(pruned, args.prefill_tokens),
-    }
-    times = speed.interleaved(runs, args.repeats)
-    speedup = sorted(b / p for b, p in zip(times["unpruned"], times["pruned"], strict=True))[len(times["pruned"]) // 2]
-    summary = {
-        "run_dir": str(args.run_dir),
-        "score": args.score,
-        "fraction": args.fraction,
-        "removed_heads": [row.nonzero().flatten().tolist() for row in mask],
-        "parameter_bytes": [speed.parameter_bytes(model), speed.parameter_bytes(pruned)],
-        "kv_cache_bytes_per_token": [speed.kv_cache_bytes(model, 1), speed.kv_cache_bytes(pruned, 1)],
-        f"prefill_speedup_S{args.prefill_tokens}": speedup,
-        "task": task,
-        "evaluation": config.identity(),
-        "accuracy": [before, after],
-    }
-    atomic_write_json(args.out / "pruning.json", summary)
-    params, kv = summary["parameter_bytes"], summary["kv_cache_bytes_per_token"]
-    print(
-        f"pruned {int(mask.sum())} of {mask.numel()} heads by {args.score} -> {args.out}\n"
-        f"  parameters {params[1] / params[0]:.3f}x, KV cache {kv[1] / kv[0]:.3f}x, "
-        f"prefill of {args.prefill_tokens} tokens {speedup:.2f}x faster (median of {args.repeats})\n"
-        f"  {task} accuracy {100 * before:.2f}% -> {100 * after:.2f}% ({100 * (after - before):+.2f} points)\n"
-        f"  load it with inactive_heads.load_model({str(args.out)!r})"
-    )
+    result = prune_and_measure(
+        model, tok, args.run_dir, score=args.score, fraction=args.fraction, out=args.out, limit=args.limit,
+        data_dir=args.data_dir, batch_size=args.batch_size, prefill_tokens=args.prefill_tokens, repeats=args.repeats,
+    )  # fmt: skip
+    print(f"{result.summary()}\n  load it with inactive_heads.load_model({str(args.out)!r})")
 
 
 def _cmd_list(args: argparse.Namespace) -> None:
@@ -303,7 +271,7 @@ def _demo_model() -> str:
 
 
 def _cmd_demo(args: argparse.Namespace) -> None:
-    from .rundir import slug
+    from .runs.directory import slug
 
     t0 = time.perf_counter()
     args.model = args.model or _demo_model()
@@ -312,7 +280,7 @@ def _cmd_demo(args: argparse.Namespace) -> None:
     model, tok = _load(args)
     _run_sweep(args, model, tok, run_dir)
     _print_table2(run_dir)
-    from .report import write_report
+    from .report.writer import write_report
 
     md, html = write_report([run_dir], out / "report")
     print(f"\ndemo finished in {(time.perf_counter() - t0) / 60:.1f} min")
@@ -340,7 +308,7 @@ def _cmd_lm_eval(args: argparse.Namespace) -> None:
     except ModuleNotFoundError as e:
         if (e.name or "").split(".")[0] != "lm_eval":
             raise
-        raise ValueError(
+        raise InactiveHeadsError(
             "inactive-heads lm-eval needs lm-eval: pip install 'inactive-heads[lm-eval]' (lm_eval==0.4.13)"
         ) from None
     import lm_eval
@@ -421,7 +389,7 @@ def _add_sweep_options(p: argparse.ArgumentParser, scores: str, targets: Sequenc
 
 def _parser() -> argparse.ArgumentParser:
     from ._version import __version__
-    from .thresholds import DEFAULT_TARGETS
+    from .stats.thresholds import DEFAULT_TARGETS
 
     parser = argparse.ArgumentParser(
         prog="inactive-heads", description="Find attention heads that do nothing, zero them, measure the cost."
@@ -461,7 +429,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0, help="bootstrap seed")
     p.set_defaults(fn=_cmd_compare)
 
-    from .executors import EXECUTORS
+    from .studies.executors import EXECUTORS
 
     p = add("study", "every model x task x score x target of a study file, resumable, then one report")
     p.add_argument("study", type=Path, help="the study file (TOML; see the README)")
@@ -528,15 +496,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("inactive-heads: interrupted; finished cells are kept, rerun the same command to resume", file=sys.stderr)
         return 130
     except (
-        ValueError,
-        KeyError,
-        FileNotFoundError,
-        NotADirectoryError,
-        NotImplementedError,
-        FloatingPointError,
-    ) as e:
-        message = e.args[0] if isinstance(e, KeyError) and e.args else e
-        print(f"inactive-heads: error: {message}", file=sys.stderr)
+        InactiveHeadsError
+    ) as e:  # bad input: one line that names the fix; anything else is a bug and keeps its traceback
+        print(f"inactive-heads: error: {e}", file=sys.stderr)
         return 2
     except OSError as e:  # a read-only or full disk, a missing permission: the system's words and the path
         where = f": {e.filename}" if e.filename else ""

@@ -1,8 +1,5 @@
 """The seam into transformers: one registered attention function that records scores and zeroes heads.
 
-It stays one module (over 350 lines) because the policy, the per-watch session and the public context managers
-share the session registry that the attention function reads; split, each part would reach into the others.
-
 Every supported model routes attention through ``transformers.AttentionInterface``. :func:`watch` switches the
 model to the function registered here for the duration of a ``with`` block and restores the model's own
 implementation on exit, also after an exception. Inside, each attention call computes the statistics the active
@@ -13,12 +10,8 @@ and *this* layer, and zeroes heads before the output projection, so later layers
 from __future__ import annotations
 
 import contextlib
-import ctypes
-import ctypes.util
-import inspect
 import math
 import numbers
-import sys
 import zlib
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -27,15 +20,15 @@ from typing import Any
 import torch
 from transformers import PreTrainedModel
 
-from . import _compat, _layout
-from ._tensors import inverse_permutation, pad_right
+from . import _compat, _model
+from ._memory import release_freed_memory
 from .attention import Rows, attention_with_stats, output_of_pairs
+from .errors import InactiveHeadsError, NonFiniteError, UnknownNameError, UnsupportedModelError, non_finite_hint
 from .scores import RAW_STATS, SCORE_FUNCTIONS, HeadScores, LayerStats, ScoreSpec
 
-__all__ = ["Policy", "RunningStats", "Watch", "record_scores", "watch", "zero_heads"]
+__all__ = ["Policy", "RunningStats", "Watch", "watch", "zero_heads"]
 
 IMPLEMENTATION = "inactive_heads"  # the name of the registered attention function
-_OUTPUT_PROJECTIONS = ("o_proj", "c_proj", "out_proj", "dense", "wo")
 _SESSIONS: dict[int, _Session] = {}  # id(attention module) -> the watch it belongs to
 
 
@@ -56,24 +49,24 @@ class Policy:
 
     def __post_init__(self) -> None:
         if (self.mask is None) == (self.score is None):
-            raise ValueError("give either score= and threshold= (dynamic zeroing) or mask= (static), not both")
+            raise InactiveHeadsError("give either score= and threshold= (dynamic zeroing) or mask= (static), not both")
         if self.score is not None:
             if self.score not in SCORE_FUNCTIONS:
-                raise ValueError(f"unknown score {self.score!r}; registered: {sorted(SCORE_FUNCTIONS)}")
+                raise UnknownNameError(f"unknown score {self.score!r}; registered: {', '.join(SCORE_FUNCTIONS)}")
             if self.threshold is None:
-                raise ValueError(f"score={self.score!r} needs threshold=")
+                raise InactiveHeadsError(f"score={self.score!r} needs threshold=")
             # A NaN threshold passes no head and a string fails only inside the first forward: refuse both here.
             threshold: object = self.threshold  # annotated float, but callers pass anything
             if isinstance(threshold, bool) or not isinstance(threshold, numbers.Real):
                 raise TypeError(f"threshold must be a number, got {type(threshold).__name__} {threshold!r}")
             if not math.isfinite(threshold):
-                raise ValueError(f"threshold must be a finite number, got {self.threshold!r}")
+                raise InactiveHeadsError(f"threshold must be a finite number, got {self.threshold!r}")
         elif self.threshold is not None:
-            raise ValueError("threshold= applies to score=, not to a static mask=")
+            raise InactiveHeadsError("threshold= applies to score=, not to a static mask=")
         if isinstance(self.seed, bool) or not isinstance(self.seed, int):
             raise TypeError(f"seed must be an int, got {type(self.seed).__name__} {self.seed!r}")
         if self.mask is not None and (self.mask.dtype != torch.bool or self.mask.dim() not in (2, 3)):
-            raise ValueError(
+            raise InactiveHeadsError(
                 "mask must be a bool tensor [n_layers, n_heads] or [batch, n_layers, n_heads], got "
                 f"{self.mask.dtype} {tuple(self.mask.shape)}"
             )
@@ -103,11 +96,11 @@ def _attention(
     """
     session = _SESSIONS.get(id(module))
     if kwargs.get("s_aux") is not None:
-        raise NotImplementedError(
+        raise UnsupportedModelError(
             f"{type(module).__name__} uses attention sinks (s_aux); inactive-heads does not support them yet"
         )
     if position_bias is not None:
-        raise NotImplementedError(
+        raise UnsupportedModelError(
             f"{type(module).__name__} adds a position bias to its logits; inactive-heads does not support it yet"
         )
     scale = query.shape[-1] ** -0.5 if scaling is None else float(scaling)
@@ -123,7 +116,7 @@ def _attention(
             needs=frozenset(),
             softcap=softcap,
             is_causal=causal,
-            kv_index=_layout.kv_index(module),
+            kv_index=_model.kv_index(module),
         )
         return out.to(query.dtype).transpose(1, 2).contiguous(), None
     return session.attend(module, query, key, value, attention_mask, scale, softcap, causal), None
@@ -190,7 +183,7 @@ class RunningStats:
         n = n_queries.to(torch.float32)[:, None]
         before = self._counts.get(layer)
         if before is not None and before.shape[0] != n.shape[0]:
-            raise ValueError(
+            raise InactiveHeadsError(
                 f"running statistics of {before.shape[0]} rows applied to a forward of {n.shape[0]} rows; use one "
                 "RunningStats per batch"
             )
@@ -248,7 +241,7 @@ class _Session:
         self._scores_all: HeadScores | None = None
         self._scores_for: tuple[ScoreSpec, ...] = ()  # the registry _scores_all was derived with
         if policy is not None and policy.mask is not None and tuple(policy.mask.shape[-2:]) != (self.n_layers, n_heads):
-            raise ValueError(
+            raise InactiveHeadsError(
                 f"mask has shape {tuple(policy.mask.shape)} but the model has {self.n_layers} layers x {n_heads} heads"
             )
 
@@ -270,7 +263,7 @@ class _Session:
         kept = self.kept[layer]
         expected = self.n_heads if kept is None else len(kept)
         if query.shape[1] != expected:
-            raise ValueError(f"layer {layer} has {query.shape[1]} query heads, expected {expected}")
+            raise InactiveHeadsError(f"layer {layer} has {query.shape[1]} query heads, expected {expected}")
         needs = self.needs - {"random"}
         gram = self._gram(module, query.shape[1], value.shape[-1], value.device) if "fhon" in needs else None
         static = self._static_zero(layer, batch, kept, query.device)
@@ -289,7 +282,7 @@ class _Session:
                 softcap=softcap,
                 gram=gram,
                 is_causal=is_causal,
-                kv_index=_layout.kv_index(module),
+                kv_index=_model.kv_index(module),
             )
         if "random" in self.needs:
             draws = self._random(layer, batch)  # drawn for every original head: a head's draw survives pruning
@@ -340,7 +333,7 @@ class _Session:
         for layer, (step, finite) in enumerate(zip(steps, _to_cpu([s.finite for s in steps]), strict=True)):
             if not finite.all():
                 name = step.computed[int((~finite).nonzero()[0])]
-                raise FloatingPointError(
+                raise NonFiniteError(
                     f"non-finite {name} statistic in attention layer {layer}; {non_finite_hint(step.dtype)}"
                 )
         batch = 0
@@ -363,7 +356,7 @@ class _Session:
             self._masks[device] = self.policy.mask.to(device)
         static = self._masks[device]
         if static.dim() == 3 and static.shape[0] != batch:
-            raise ValueError(f"a per-row mask for {static.shape[0]} rows applied to a forward of {batch} rows")
+            raise InactiveHeadsError(f"a per-row mask for {static.shape[0]} rows applied to a forward of {batch} rows")
         zero = static[layer].expand(batch, -1) if static.dim() == 2 else static[:, layer]
         return zero if kept is None else zero[:, kept.to(zero.device)]  # the mask is in the original indexing
 
@@ -381,19 +374,21 @@ class _Session:
         is_causal: bool,
     ) -> torch.Tensor:
         """Attention over a KV cache cut to the (row, KV head) pairs the static mask ``static`` leaves read
-        (generation's prompt mode; :func:`~inactive_heads._layout.cache_pairs`)."""
+        (generation's prompt mode; :func:`~inactive_heads._model.cache_pairs`)."""
         assert self.kv_heads is not None
         n_kv = self.kv_heads[layer]
         if static is None or self.needs or self.running is not None:
-            raise ValueError(
+            raise InactiveHeadsError(
                 f"layer {layer}'s KV cache holds {tuple(key.shape[:2])} (rows, KV heads) for a batch of "
                 f"{query.shape[0]} rows and {n_kv} KV heads: a cut cache works only under the static mask that cut "
                 "it, without recording or running statistics"
             )
-        reads = _layout.reads(module, query.shape[1], n_kv)
-        rows, heads = _layout.cache_pairs(_layout.kv_heads_read(static, reads, n_kv))
+        reads = _model.reads(module, query.shape[1], n_kv)
+        rows, heads = _model.cache_pairs(_model.kv_heads_read(static, reads, n_kv))
         if len(rows) != key.shape[0]:
-            raise ValueError(f"layer {layer}'s KV cache holds {key.shape[0]} pairs, but this mask reads {len(rows)}")
+            raise InactiveHeadsError(
+                f"layer {layer}'s KV cache holds {key.shape[0]} pairs, but this mask reads {len(rows)}"
+            )
         return output_of_pairs(
             query, key, value, mask, scale=scale, softcap=softcap, is_causal=is_causal, reads=reads, rows=rows,
             heads=heads,
@@ -404,7 +399,7 @@ class _Session:
         draws = []
         ids = range(self.rows_seen, self.rows_seen + batch) if self.row_ids is None else self.row_ids
         if len(ids) != batch:
-            raise ValueError(f"watch(rows=) names {len(ids)} rows, but a forward has {batch}")
+            raise InactiveHeadsError(f"watch(rows=) names {len(ids)} rows, but a forward has {batch}")
         for row in ids:
             gen = torch.Generator().manual_seed(zlib.crc32(f"{self.seed}/{row}/{layer}".encode()))
             draws.append(torch.rand(self.n_heads, generator=gen))
@@ -413,7 +408,7 @@ class _Session:
     def _gram(self, module: torch.nn.Module, heads: int, head_dim: int, device: torch.device) -> torch.Tensor:
         key = id(module)
         if key not in self.grams:
-            weight = _output_projection(module, heads * head_dim)  # [d_model, H*D]
+            weight = _model.output_projection(module, heads * head_dim)  # [d_model, H*D]
             per_head = weight.detach().to(torch.float32).reshape(weight.shape[0], heads, head_dim)
             self.grams[key] = torch.einsum("mhd,mhe->hde", per_head, per_head).to(device)
         return self.grams[key]
@@ -466,72 +461,9 @@ def _scatter_heads(x: torch.Tensor, kept: torch.Tensor, n_heads: int, fill: floa
     return full
 
 
-def non_finite_hint(dtype: torch.dtype) -> str:
-    """What to try when a model computes NaN/inf: half precision overflows; a float32 model has bad weights."""
-    if dtype == torch.float32 or dtype == torch.float64:
-        return f"the model is {dtype}, so its weights (or inputs) hold NaN/inf: check the checkpoint"
-    return f"the model is {dtype}, which can overflow: load it with dtype=torch.float32"
-
-
-def _load_malloc_trim():
-    if not sys.platform.startswith("linux"):
-        return None
-    try:
-        return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim
-    except (OSError, AttributeError):  # not glibc (musl, ...): nothing to trim
-        return None
-
-
-_MALLOC_TRIM = _load_malloc_trim()
-
-
-def release_freed_memory() -> None:
-    """Return heap pages that freed tensors left behind to the operating system (glibc; a no-op elsewhere)."""
-    # The statistics' temporaries (a few MB each) come from glibc's heap, where the small recorded tensors kept
-    # between them pin freed pages. Measured on SmolLM2 at S=2048: peak RSS 1.36x a plain forward without this,
-    # 1.03x when trimmed once per forward (after its last attention layer, before the LM head's large logits);
-    # trimming after every layer costs ~10% in time, as every later allocation faults its pages in again.
-    if _MALLOC_TRIM is not None:
-        _MALLOC_TRIM(0)
-
-
-def _output_projection(module: torch.nn.Module, in_features: int) -> torch.Tensor:
-    """The output projection's weight as [d_model, H*D], whatever the layer type (Linear, GPT-2 Conv1D)."""
-    for name in _OUTPUT_PROJECTIONS:
-        layer = getattr(module, name, None)
-        weight = _compat.linear_weight(layer) if isinstance(layer, torch.nn.Module) else None
-        if weight is not None and weight.shape[1] == in_features:
-            return weight
-    raise ValueError(
-        f"cannot find the output projection of {type(module).__name__} (looked for {_OUTPUT_PROJECTIONS} with "
-        f"{in_features} input features); fhon scores are unavailable for this architecture"
-    )
-
-
 def in_watch(model: torch.nn.Module) -> bool:
     """Whether ``model`` is inside a :func:`watch` block now."""
-    return any(id(m) in _SESSIONS for m in attention_modules(model))
-
-
-def attention_modules(model: torch.nn.Module) -> list[torch.nn.Module]:
-    """The attention module of each layer of ``model``, in layer order; ValueError when they cannot be identified."""
-    layers: dict[int, torch.nn.Module] = {}
-    found: list[int] = []
-    for module in model.modules():
-        idx = getattr(module, "layer_idx", None)
-        if (
-            isinstance(idx, int)
-            and hasattr(module, "config")
-            and any(hasattr(module, p) for p in (*_OUTPUT_PROJECTIONS, "q_proj", "c_attn", "qkv_proj"))
-        ):
-            layers[idx] = module
-            found.append(idx)
-    if sorted(found) != list(range(len(found))) or not found:
-        raise ValueError(
-            f"{type(model).__name__}: could not identify one attention module per layer (found layer indices "
-            f"{sorted(found)}); inactive-heads supports transformers models built on AttentionInterface"
-        )
-    return [layers[i] for i in range(len(found))]
+    return any(id(m) in _SESSIONS for m in _model.attention_modules(model))
 
 
 class Watch:
@@ -582,18 +514,18 @@ def watch(
     if not isinstance(model, PreTrainedModel):
         raise TypeError(f"expected a transformers PreTrainedModel, got {type(model).__name__}")
     if not _compat.can_set_attn_implementation(model):
-        raise NotImplementedError(
+        raise UnsupportedModelError(
             f"{type(model).__name__} does not route attention through transformers' AttentionInterface, "
             "so inactive-heads cannot hook it"
         )
     if model.training:
-        raise ValueError("model is in training mode (dropout would randomise scores); call model.eval() first")
-    modules = attention_modules(model)
+        raise InactiveHeadsError("model is in training mode (dropout would randomise scores); call model.eval() first")
+    modules = _model.attention_modules(model)
     layers = {id(m): i for i, m in enumerate(modules)}
     if any(i in _SESSIONS for i in layers):
         raise RuntimeError("this model is already inside a watch/zero_heads block; nesting is not supported")
-    kept = [_layout.query_heads(m) for m in modules]
-    kv_heads = [_layout.kv_count(m, _compat.kv_heads(model)) for m in modules]
+    kept = [_model.query_heads(m) for m in modules]
+    kv_heads = [_model.kv_count(m, _compat.kv_heads(model)) for m in modules]
     seed = policy.seed if policy else 0
     session = _Session(layers, _compat.model_shape(model)[1], policy, record, seed, kept, running, kv_heads, rows)
     with _compat.set_attn_implementation(model, IMPLEMENTATION):
@@ -616,46 +548,6 @@ def zero_heads(
 ) -> contextlib.AbstractContextManager[Watch]:
     """Zero heads during the block: per input and layer by ``score``/``threshold``, or statically by ``mask``."""
     return watch(model, Policy(score=score, threshold=threshold, mask=mask, seed=seed))
-
-
-@torch.no_grad()
-def record_scores(
-    model: PreTrainedModel,
-    tokenizer: Any,
-    texts: Sequence[str] | Sequence[Sequence[int]],
-    batch_size: int = 8,
-    *,
-    max_length: int | None = None,
-) -> HeadScores:
-    """All registered scores of each text, float32 [len(texts), n_layers, n_heads], rows in the order of ``texts``.
-
-    ``texts`` may also be token id lists (then ``tokenizer`` is not used and may be None).
-    """
-    if isinstance(texts, str):
-        raise TypeError("texts must be a sequence of strings, not one string; wrap it in a list")
-    if batch_size < 1:
-        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-    ids = [list(t) if not isinstance(t, str) else tokenizer(t, add_special_tokens=True)["input_ids"] for t in texts]
-    if max_length is not None:
-        ids = [x[:max_length] for x in ids]
-    if any(len(x) == 0 for x in ids):
-        raise ValueError("an input tokenised to zero tokens; remove empty texts")
-    # Longest first, so padding is small and the first batch shows whether memory suffices.
-    order = sorted(range(len(ids)), key=lambda i: -len(ids[i]))
-    # transformers types get_input_embeddings() as nn.Module, whose __getattr__ stub gives .weight as Tensor | Module.
-    device: torch.device = model.get_input_embeddings().weight.device  # type: ignore[assignment]
-    # Scores need no logits: the LM head on one position instead of all (a fifth of a small model's forward).
-    head = {"logits_to_keep": 1} if "logits_to_keep" in inspect.signature(model.forward).parameters else {}
-    with watch(model, record=True) as w:
-        for start in range(0, len(order), batch_size):
-            chunk = [ids[i] for i in order[start : start + batch_size]]
-            input_ids, attention_mask = pad_right(chunk, device=device)
-            model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False, **head)
-        parts = w.scores
-    assert parts is not None  # record=True
-    result = parts.select(inverse_permutation(order))
-    result.meta = {"n_texts": len(texts), "max_length": max_length}
-    return result
 
 
 _compat.register_attention(IMPLEMENTATION, _attention)

@@ -31,9 +31,10 @@ from typing import Any, Literal
 import torch
 from transformers import PreTrainedModel
 
-from . import _compat, _layout
+from . import _compat, _model
 from ._tensors import pad_left, real_positions
-from .engine import Policy, RunningStats, attention_modules, watch
+from .engine import Policy, RunningStats, watch
+from .errors import InactiveHeadsError
 
 __all__ = ["MODES", "Generated", "cascade", "generate_until"]
 
@@ -117,11 +118,13 @@ def generate_until(
     KV heads each row never reads.
     """
     if mode not in MODES:
-        raise ValueError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
+        raise InactiveHeadsError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
     if max_gen_toks < 1 or batch_size < 1:
-        raise ValueError("max_gen_toks and batch_size must be >= 1")
+        raise InactiveHeadsError("max_gen_toks and batch_size must be >= 1")
     if policy is not None and policy.mask is not None and policy.mask.dim() == 3 and len(policy.mask) != len(prompts):
-        raise ValueError(f"a per-row mask has {len(policy.mask)} rows for {len(prompts)} prompts; give one per prompt")
+        raise InactiveHeadsError(
+            f"a per-row mask has {len(policy.mask)} rows for {len(prompts)} prompts; give one per prompt"
+        )
     stops = _stop_strings(tokenizer, until)
     # lm-eval's look-back: the stop string's token count plus 2, decoded from the row's newest tokens.
     lookback = max(len(tokenizer.encode(s, add_special_tokens=False)) for s in stops) + 2
@@ -251,11 +254,11 @@ class _Batch:
         (original head indexing)."""
         n_kv = _compat.kv_heads(self.model)
         read = []
-        for layer, module in enumerate(attention_modules(self.model)):
-            kept = _layout.query_heads(module)
+        for layer, module in enumerate(_model.attention_modules(self.model)):
+            kept = _model.query_heads(module)
             zero = zeroed[:, layer] if kept is None else zeroed[:, layer, kept.cpu()]
-            reads = _layout.reads(module, zero.shape[1], n_kv).cpu()
-            read.append(_layout.kv_heads_read(zero, reads, _layout.kv_count(module, n_kv)))
+            reads = _model.reads(module, zero.shape[1], n_kv).cpu()
+            read.append(_model.kv_heads_read(zero, reads, _model.kv_count(module, n_kv)))
         return read
 
     def _drop_unread(self, cache: Any) -> None:
@@ -264,7 +267,7 @@ class _Batch:
             return
         for layer, read in enumerate(self.read):
             if not read.all():
-                rows, heads = _layout.cache_pairs(read.to(self.device))
+                rows, heads = _model.cache_pairs(read.to(self.device))
                 _compat.keep_cache_pairs(cache, layer, rows, heads)
 
     def _count_kv(self, positions: list[int]) -> tuple[int, int, int]:
@@ -277,7 +280,7 @@ class _Batch:
         per_position = 2 * head_dim * next(self.model.parameters()).element_size()  # a key and a value
         real = torch.tensor(positions, dtype=torch.float64)
         n_kv = _compat.kv_heads(self.model)
-        stored = sum(_layout.kv_count(m, n_kv) for m in attention_modules(self.model))
+        stored = sum(_model.kv_count(m, n_kv) for m in _model.attention_modules(self.model))
         total = int(real.sum() * stored * per_position)
         if not self.read:
             return total, 0, 0
@@ -285,7 +288,7 @@ class _Batch:
         for read in self.read:
             unread = unread + (~read).sum(1)
             if self.drop_kv and not read.all():
-                kept = torch.zeros_like(read).index_put_(_layout.cache_pairs(read), torch.tensor(True))
+                kept = torch.zeros_like(read).index_put_(_model.cache_pairs(read), torch.tensor(True))
                 dropped = dropped + (~kept).sum(1)
         return total, int((unread * real).sum() * per_position), int((dropped * real).sum() * per_position)
 

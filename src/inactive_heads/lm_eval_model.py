@@ -22,7 +22,6 @@ from __future__ import annotations
 import contextlib
 import math
 import numbers
-import warnings
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -35,11 +34,13 @@ from lm_eval.models.huggingface import HFLM
 
 from . import _compat
 from .engine import Policy, Watch, watch
+from .errors import InactiveHeadsError, UnknownNameError, UnsupportedModelError
 from .generation import MODES as GENERATION_MODES
 from .generation import generate_until
-from .pruning import static_mask
+from .pruning.mask import static_mask
+from .runs.directory import RunDir, check_model
 from .scores import SCORE_FUNCTIONS, HeadScores
-from .thresholds import thresholds_from_cdf
+from .stats.thresholds import thresholds_from_cdf
 
 __all__ = ["MODES", "InactiveHeadsLM", "simple_evaluate"]
 
@@ -76,12 +77,13 @@ class InactiveHeadsLM(HFLM):
         calibration_scores: HeadScores | None = None
         calibration_run: dict[str, Any] | None = None
         if calibration is not None:
-            calibration_scores, calibration_run = _read_calibration(calibration, score)
+            run_dir = RunDir(calibration)
+            calibration_scores, calibration_run = run_dir.read_calibration(score), run_dir.read_run()
         super().__init__(pretrained=pretrained, **kwargs)
         self.zeroing: dict[str, Any] = options
         self._policy: Policy | None = None
         if calibration_run is not None:
-            _check_calibration_model(self.model, calibration_run)
+            check_model(calibration_run, self.model)
         if score is not None:
             self._policy = self._make_policy(score, options["threshold"], options["target"], calibration_scores)
         n_layers, n_heads = _compat.model_shape(self.model)
@@ -208,7 +210,7 @@ class InactiveHeadsLM(HFLM):
         if self._watch is None:
             raise RuntimeError("a forward outside an lm-eval request method; call loglikelihood/generate_until")
         if attn_mask is not None or labels is not None:
-            raise NotImplementedError("inactive_heads supports decoder-only (causal) models, not seq2seq")
+            raise UnsupportedModelError("inactive_heads supports decoder-only (causal) models, not seq2seq")
         lengths, self._lengths = self._lengths, None
         if lengths is None and not self._probing:
             raise RuntimeError("cannot tell the padding of this log-likelihood batch (an lm-eval other than 0.4.13?)")
@@ -238,7 +240,7 @@ class InactiveHeadsLM(HFLM):
         mask = kwargs.pop("attention_mask", None)
         greedy = not kwargs.pop("do_sample", False) and not kwargs.pop("temperature", 0.0)
         if not greedy or kwargs:  # lm-eval normalises greedy decoding to do_sample=False, temperature=0
-            raise NotImplementedError(
+            raise UnsupportedModelError(
                 f"generation_mode={mode} decodes greedily with lm-eval's stop rule; this task asks for "
                 f"{'sampling' if not greedy else sorted(kwargs)}. Use generation_mode=step (HF generate) for it"
             )
@@ -270,14 +272,14 @@ class InactiveHeadsLM(HFLM):
 def _number(name: str, value: Any) -> float:
     # lm-eval's model_args arrive as int, float or str.
     if isinstance(value, bool):
-        raise ValueError(f"{name} must be a number, got {value!r}")
+        raise InactiveHeadsError(f"{name} must be a number, got {value!r}")
     if isinstance(value, str):
         try:
             value = float(value)
         except ValueError:
-            raise ValueError(f"{name} must be a number, got {value!r}") from None
+            raise InactiveHeadsError(f"{name} must be a number, got {value!r}") from None
     if not isinstance(value, numbers.Real) or not math.isfinite(value):
-        raise ValueError(f"{name} must be a finite number, got {value!r}")
+        raise InactiveHeadsError(f"{name} must be a finite number, got {value!r}")
     return float(value)
 
 
@@ -292,37 +294,39 @@ def _check_options(
 ) -> dict[str, Any]:
     """The zeroing options as recorded in results; ValueError naming the fix for a bad combination."""
     if mode not in MODES:
-        raise ValueError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
+        raise InactiveHeadsError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
     if generation_mode not in GENERATION_MODES:
-        raise ValueError(f"generation_mode must be one of {', '.join(GENERATION_MODES)}, got {generation_mode!r}")
+        raise InactiveHeadsError(
+            f"generation_mode must be one of {', '.join(GENERATION_MODES)}, got {generation_mode!r}"
+        )
     if isinstance(seed, bool) or not isinstance(seed, int):
-        raise ValueError(f"seed must be a whole number, got {seed!r}")
+        raise InactiveHeadsError(f"seed must be a whole number, got {seed!r}")
     if score is None:
         given = [
             n for n, v in (("threshold", threshold), ("target", target), ("calibration", calibration)) if v is not None
         ]
         if given or mode != "dynamic":
-            raise ValueError(f"{', '.join(given) or 'mode'}= needs score= (a name from inactive-heads list)")
+            raise InactiveHeadsError(f"{', '.join(given) or 'mode'}= needs score= (a name from inactive-heads list)")
     elif score not in SCORE_FUNCTIONS:
-        raise ValueError(f"unknown score {score!r}; give score= one of {', '.join(SCORE_FUNCTIONS)}")
+        raise UnknownNameError(f"unknown score {score!r}; give score= one of {', '.join(SCORE_FUNCTIONS)}")
     elif threshold is not None and target is not None:
-        raise ValueError("give threshold= or target=, not both (target= takes its threshold from calibration=)")
+        raise InactiveHeadsError("give threshold= or target=, not both (target= takes its threshold from calibration=)")
     elif threshold is None and target is None:
-        raise ValueError(f"score={score} needs threshold= or target= (a fraction of heads, with calibration=)")
+        raise InactiveHeadsError(f"score={score} needs threshold= or target= (a fraction of heads, with calibration=)")
     elif target is not None and calibration is None:
-        raise ValueError(
+        raise InactiveHeadsError(
             "target= needs calibration=RUN_DIR, a run directory written by `inactive-heads calibrate`, whose "
             "scores turn the fraction into a threshold; or give threshold= instead"
         )
     elif mode == "static" and (target is None or calibration is None):
-        raise ValueError(
+        raise InactiveHeadsError(
             "mode=static needs target= (a fraction of heads) and calibration=RUN_DIR (from `inactive-heads "
             "calibrate`): it zeroes the heads most often inactive on the calibration rows"
         )
     t = None if threshold is None else _number("threshold", threshold)
     p = None if target is None else _number("target", target)
     if p is not None and not 0.0 <= p <= 1.0:
-        raise ValueError(f"target is a fraction of heads in [0, 1], got {p}")
+        raise InactiveHeadsError(f"target is a fraction of heads in [0, 1], got {p}")
     return {
         "score": score,
         "threshold": t,
@@ -332,46 +336,6 @@ def _check_options(
         "generation_mode": generation_mode,
         "seed": seed,
     }
-
-
-def _read_calibration(calibration: str | Path, score: str | None) -> tuple[HeadScores, dict[str, Any]]:
-    """The calibration scores of a run directory (``score`` derived when registered after calibrating) and its run
-    record."""
-    from .rundir import RunDir
-
-    rd = RunDir(calibration)
-    scores = rd.read_scores() if rd.read_meta() is not None else None
-    if scores is None:
-        raise ValueError(
-            f"{rd.root} holds no finished calibration; run `inactive-heads calibrate --run-dir {rd.root} ...` first"
-        )
-    if score is not None and score not in scores:
-        try:
-            scores = scores.derive([score])
-        except KeyError as e:
-            raise ValueError(f"{e.args[0]}; calibrate again in a new run directory") from None
-    if not scores.shape[0]:
-        raise ValueError(f"{rd.root}: the calibration holds no rows")
-    return scores, rd.read_run()
-
-
-def _check_calibration_model(model: Any, run: dict[str, Any]) -> None:
-    """ValueError when the calibrated model has another shape; a warning when its weights differ."""
-    from .rundir import model_identity
-
-    layers, heads = _compat.model_shape(model)
-    if (run.get("n_layers"), run.get("n_heads")) != (layers, heads):
-        raise ValueError(
-            f"the calibration was made on a model of {run.get('n_layers')} layers x {run.get('n_heads')} heads, "
-            f"this one has {layers} x {heads}; calibrate this model"
-        )
-    calibrated = ((run.get("model") or {}).get("identity") or {}).get("weights_sample_sha256")
-    if calibrated is not None and calibrated != model_identity(model)["weights_sample_sha256"]:
-        # Another loader or dtype of the same model also differs here, so this is not an error.
-        warnings.warn(
-            "the calibration was made on other weights than this model's; its thresholds may not transfer",
-            stacklevel=3,
-        )
 
 
 def simple_evaluate(*args: Any, **kwargs: Any) -> dict[str, Any] | None:

@@ -13,7 +13,9 @@ from urllib.parse import urlparse
 import torch
 import transformers
 
-from . import _compat, _layout, pruning
+from . import _compat, _model
+from .errors import InactiveHeadsError, UnsupportedModelError
+from .pruning.checkpoint import load_pruned
 
 __all__ = ["cache_dir", "file_sha256", "load_model"]
 
@@ -69,7 +71,7 @@ def load_model(
     offline = identity["format"] == "hub" and not _hub_reachable()
     config = _config(source, offline)
     _check_decoder(spec, config)
-    if _layout.removed_heads(config) is not None:
+    if _model.removed_heads(config) is not None:
         model = _load_pruned(Path(source), config, dtype, device_map)
     else:
         model_cls = transformers.AutoModelForCausalLM
@@ -86,8 +88,10 @@ def _load_pruned(
     source: Path, config: transformers.PretrainedConfig, dtype: torch.dtype, device_map: str | dict | None
 ) -> transformers.PreTrainedModel:
     if device_map is not None and not (isinstance(device_map, str) and device_map != "auto"):
-        raise NotImplementedError("a pruned model loads onto one device: pass device_map='cpu', 'cuda:0', ... or None")
-    model = pruning.load_pruned(source, config, dtype)
+        raise UnsupportedModelError(
+            "a pruned model loads onto one device: pass device_map='cpu', 'cuda:0', ... or None"
+        )
+    model = load_pruned(source, config, dtype)
     # PreTrainedModel.to's stub is wrapped for dtype checks; Module.to moves it the same.
     return model if device_map is None else torch.nn.Module.to(model, device_map)
 
@@ -138,14 +142,14 @@ _ENCODER_HEADS = (
 def _check_decoder(spec: str | os.PathLike, config: transformers.PretrainedConfig) -> None:
     """Refuse, from the config alone, what is not a decoder-only language model."""
     if not _compat.loads_as_causal_lm(config) or getattr(config, "is_encoder_decoder", False):
-        raise ValueError(
+        raise InactiveHeadsError(
             f"{spec} is a {type(config).__name__} model, which transformers cannot load as a decoder-only causal "
             "LM; inactive-heads needs a decoder-only language model"
         )
     archs = list(getattr(config, "architectures", None) or [])
     causal = any(a.endswith(("ForCausalLM", "LMHeadModel")) for a in archs)
     if not causal and any(a.endswith(_ENCODER_HEADS) for a in archs):
-        raise ValueError(
+        raise InactiveHeadsError(
             f"{spec} is an encoder checkpoint ({', '.join(archs)}), not a causal language model; loading it as "
             "one would add an untrained LM head. inactive-heads needs a decoder-only language model"
         )
@@ -169,7 +173,7 @@ def _cached_gguf(path: Path, sha: str) -> Path:
         model = transformers.AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32)
         tokenizer = transformers.AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
     except Exception as err:  # the gguf reader fails on a short file with struct.error, numpy or index errors
-        raise ValueError(
+        raise InactiveHeadsError(
             f"cannot read GGUF file {path}: {err}. The file may be truncated or of an architecture transformers' GGUF "
             "loader does not support; re-download it or pass a Hugging Face directory instead"
         ) from err

@@ -8,10 +8,12 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from .errors import InactiveHeadsError
+
 __all__ = ["PluginError", "load_plugins"]
 
 
-class PluginError(ValueError):
+class PluginError(InactiveHeadsError):
     """A plugin that does not exist or fails to import; the message names it (and the line of a syntax error)."""
 
 

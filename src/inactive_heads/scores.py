@@ -22,6 +22,8 @@ from typing import Any, Literal
 import torch
 from safetensors.torch import load_file
 
+from .errors import InactiveHeadsError, UnknownNameError
+
 __all__ = [
     "RAW_STATS",
     "SCORE_FUNCTIONS",
@@ -72,16 +74,16 @@ class ScoreSpec:
         try:
             out = self.fn(stats)
         except Exception as e:
-            raise ValueError(f"score {self.name!r} ({self._where()}) failed: {type(e).__name__}: {e}") from e
+            raise InactiveHeadsError(f"score {self.name!r} ({self._where()}) failed: {type(e).__name__}: {e}") from e
         # A plugin's wrong shape would broadcast silently; all-NaN would pass no threshold and zero nothing.
         if not isinstance(out, torch.Tensor) or tuple(out.shape) != shape:
             got = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
-            raise ValueError(
+            raise InactiveHeadsError(
                 f"score {self.name!r} ({self._where()}) returned {got}; it must return a tensor [batch, n_heads] "
                 f"= {shape}, one value per head of each row"
             )
         if out.numel() and bool(torch.isnan(out).all()):
-            raise ValueError(f"score {self.name!r} ({self._where()}) returned only NaN; check its arithmetic")
+            raise InactiveHeadsError(f"score {self.name!r} ({self._where()}) returned only NaN; check its arithmetic")
         return out
 
     @property
@@ -127,15 +129,15 @@ def register_score(
     is already registered raises ``ValueError`` unless ``override=True`` replaces its definition.
     """
     if inactive_when not in ("above", "below"):
-        raise ValueError(f"inactive_when must be 'above' or 'below', got {inactive_when!r}")
+        raise InactiveHeadsError(f"inactive_when must be 'above' or 'below', got {inactive_when!r}")
     need_set = frozenset(RAW_STATS if needs is None else needs)
     unknown = need_set - set(RAW_STATS)
     if unknown:
-        raise ValueError(f"unknown raw statistics {sorted(unknown)}; choose from {RAW_STATS}")
+        raise InactiveHeadsError(f"unknown raw statistics {sorted(unknown)}; choose from {RAW_STATS}")
 
     def decorate(fn: Callable[[LayerStats], torch.Tensor]) -> Callable[[LayerStats], torch.Tensor]:
         if name in _SCORE_FUNCTIONS and not override:
-            raise ValueError(f"score {name!r} is already registered; pass override=True to replace it")
+            raise InactiveHeadsError(f"score {name!r} is already registered; pass override=True to replace it")
         _SCORE_FUNCTIONS[name] = ScoreSpec(name, label or name, inactive_when, fn, need_set)
         return fn
 
@@ -161,7 +163,7 @@ def _stat(stats: LayerStats, name: str) -> torch.Tensor:
     # The engine computes only the statistics a score declares in ``needs``; the others stay None.
     value: torch.Tensor | None = getattr(stats, name)
     if value is None:
-        raise ValueError(f"statistic {name!r} was not computed: the score must list it in needs")
+        raise InactiveHeadsError(f"statistic {name!r} was not computed: the score must list it in needs")
     return value
 
 
@@ -193,7 +195,7 @@ class HeadScores(Mapping[str, torch.Tensor]):
     def __init__(self, tensors: Mapping[str, torch.Tensor], meta: Mapping[str, object] | None = None):
         shapes = {tuple(t.shape) for t in tensors.values()}
         if len(shapes) > 1:
-            raise ValueError(f"all scores must share one [rows, layers, heads] shape, got {sorted(shapes)}")
+            raise InactiveHeadsError(f"all scores must share one [rows, layers, heads] shape, got {sorted(shapes)}")
         self._tensors = {k: v.to(torch.float32) for k, v in tensors.items()}
         self.meta: dict[str, object] = dict(meta or {})
 
@@ -201,7 +203,7 @@ class HeadScores(Mapping[str, torch.Tensor]):
         try:
             return self._tensors[name]
         except KeyError:
-            raise KeyError(f"no score {name!r} recorded; available: {self.names}") from None
+            raise UnknownNameError(f"no score {name!r} recorded; available: {self.names}") from None
 
     def __iter__(self) -> Iterator[str]:
         return iter(self._tensors)
@@ -235,7 +237,7 @@ class HeadScores(Mapping[str, torch.Tensor]):
             if name in out:
                 continue
             if name not in SCORE_FUNCTIONS:
-                raise KeyError(f"score {name!r} is not registered; register it with ih.register_score")
+                raise UnknownNameError(f"score {name!r} is not registered; register it with ih.register_score")
             spec = SCORE_FUNCTIONS[name]
             missing = sorted(spec.needs - set(self._tensors))
             if missing:
@@ -249,7 +251,7 @@ class HeadScores(Mapping[str, torch.Tensor]):
         """Write ``path`` (safetensors, metadata inside) atomically."""
         from safetensors.torch import save
 
-        from .store import atomic_write_bytes
+        from .atomic import atomic_write_bytes
 
         blob = save({k: v.contiguous() for k, v in self._tensors.items()}, {"meta": json.dumps(self.meta)})
         atomic_write_bytes(Path(path), blob)

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ..errors import InactiveHeadsError
 from ..generation import MODES
 from ..tasks import TASKS
 
@@ -63,12 +64,12 @@ class EvalConfig:
         _check_count("batch_size", self.batch_size, 1, None)
         _check_count("max_gen_toks", self.max_gen_toks, 1, "the task's")
         if self.generation_mode not in MODES:
-            raise ValueError(f"generation_mode must be one of {', '.join(MODES)}, got {self.generation_mode!r}")
+            raise InactiveHeadsError(f"generation_mode must be one of {', '.join(MODES)}, got {self.generation_mode!r}")
         if self.data_dir is not None and not isinstance(self.data_dir, str | os.PathLike):
             raise TypeError(f"data_dir must be a path or None, got {type(self.data_dir).__name__} {self.data_dir!r}")
         sources = sorted({s for spec in TASKS.values() for s in spec.sources})
         if self.source not in sources:
-            raise ValueError(f"source must be one of {', '.join(sources)}, got {self.source!r}")
+            raise InactiveHeadsError(f"source must be one of {', '.join(sources)}, got {self.source!r}")
         for name in ("apply_chat_template", "fewshot_as_multiturn", "share_prefix"):
             value = getattr(self, name)
             if not isinstance(value, bool) and not (name == "share_prefix" and value is None):
@@ -118,4 +119,4 @@ def _check_count(name: str, value: Any, minimum: int | None, none_means: str | N
         raise TypeError(f"{name} must be an int{also}, got {type(value).__name__} {value!r}")
     if minimum is not None and value < minimum:
         also = f" or None ({none_means})" if none_means else ""
-        raise ValueError(f"{name} must be >= {minimum}{also}, got {value}")
+        raise InactiveHeadsError(f"{name} must be >= {minimum}{also}, got {value}")

@@ -10,6 +10,7 @@ from transformers import PreTrainedModel
 
 from .._tensors import inverse_permutation
 from ..engine import Policy, watch
+from ..errors import InactiveHeadsError
 from ..tasks import Task, get_task, subset
 from .batching import _run, _sharing
 from .config import EvalConfig
@@ -45,7 +46,9 @@ def evaluate(
     """
     config = EvalConfig.from_options(config, **options)
     if config.share_prefix and (policy is not None or record):
-        raise ValueError("share_prefix=True needs policy=None and record=False: rows must see their whole input")
+        raise InactiveHeadsError(
+            "share_prefix=True needs policy=None and record=False: rows must see their whole input"
+        )
     t0 = time.perf_counter()
     if isinstance(task, str):
         task = get_task(task, config.data_dir, config.source)

@@ -18,6 +18,7 @@ from transformers import PreTrainedModel
 
 from .._tensors import pad_left
 from ..engine import Policy, watch
+from ..errors import InactiveHeadsError
 from ..generation import generate_until
 from ..tasks import FEWSHOT_SEED, Extraction, Generation, Item, Task
 from .config import EvalConfig
@@ -90,7 +91,7 @@ def _evaluate_generative(
     # lm-eval truncates the context from the left to leave room for the generated tokens.
     room = _max_length(model, tokenizer) - max_gen
     if room <= 0:
-        raise ValueError(f"max_gen_toks={max_gen} leaves no room for a prompt in the model's context")
+        raise InactiveHeadsError(f"max_gen_toks={max_gen} leaves no room for a prompt in the model's context")
     prompts = [p[-room:] for p in _encode(tokenizer, texts)]
     t_build = time.perf_counter()
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (tokenizer.eos_token_id or 0)

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 
 import torch
 
-from ..engine import non_finite_hint
+from ..errors import NonFiniteError, non_finite_hint
 from ..tasks import Item
 from .requests import _Seq
 
@@ -31,7 +31,7 @@ def _check_finite(task: str, items: list[Item], lls: list[list[float]], dtype: t
     for it, x in zip(items, lls, strict=True):
         if not all(math.isfinite(v) for v in x):
             # NaN compares false, so argmax would silently pick choice 0 and yield a plausible accuracy.
-            raise FloatingPointError(
+            raise NonFiniteError(
                 f"item {it.id} of task {task!r}: log-likelihoods {x} are not finite; {non_finite_hint(dtype)}"
             )
 

@@ -15,6 +15,7 @@ from typing import Any
 
 from transformers import PreTrainedModel
 
+from ..errors import InactiveHeadsError
 from ..tasks import FEWSHOT_SEED, Item, Task, subset
 from .config import EvalConfig
 
@@ -52,7 +53,7 @@ def _split_pairs(pairs: list[tuple[str, str]]) -> tuple[list[str], list[str]]:
     ctxs, wholes = [], []
     for ctx, cont in pairs:
         if not ctx:
-            raise ValueError("empty context: lm-eval would condition on the prefix token; not supported here")
+            raise InactiveHeadsError("empty context: lm-eval would condition on the prefix token; not supported here")
         n = len(ctx) - len(ctx.rstrip())
         if n:
             ctx, cont = ctx[:-n], ctx[-n:] + cont
@@ -107,7 +108,7 @@ def _build(
         ctx_toks = [enc[c] for c in ctxs[k : k + n]]
         conts = [enc[w][len(c) :] for w, c in zip(wholes[k : k + n], ctx_toks, strict=True)]
         if any(not c for c in conts):
-            raise ValueError(f"item {items[i].id}: a continuation tokenised to nothing")
+            raise InactiveHeadsError(f"item {items[i].id}: a continuation tokenised to nothing")
         if all(len(c) == 1 for c in conts) and all(c == ctx_toks[0] for c in ctx_toks):
             seqs.append(_Seq(ctx_toks[0][-max_length:], i, -1, conts, keys[k]))
         else:

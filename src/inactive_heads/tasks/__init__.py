@@ -22,6 +22,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Literal
 
+from ..errors import InactiveHeadsError, UnknownNameError
 from ._data import DATA_ENV, DataError
 
 __all__ = [
@@ -61,7 +62,9 @@ class Item:
 
     def __post_init__(self) -> None:
         if len(self.contexts) > 1 and len(self.continuations) > 1:
-            raise ValueError(f"item {self.id}: several contexts and several continuations; one side must be single")
+            raise InactiveHeadsError(
+                f"item {self.id}: several contexts and several continuations; one side must be single"
+            )
         if not 0 <= self.gold < self.n_choices:
             raise DataError(f"item {self.id}: gold label {self.gold} out of range for {self.n_choices} choices")
 
@@ -239,7 +242,7 @@ def register_task(
 
     def decorate(fn: Callable[[Path | None, str], Task]) -> Callable[[Path | None, str], Task]:
         if name in _TASKS and not override:
-            raise ValueError(f"task {name!r} is already registered; pass override=True to replace it")
+            raise InactiveHeadsError(f"task {name!r} is already registered; pass override=True to replace it")
         _TASKS[name] = TaskSpec(name, fn, summary, sources)
         return fn
 
@@ -251,7 +254,7 @@ def get_task(name: str, data_dir: str | Path | None = None, source: str = "files
     spec = TASKS.get(name)
     if spec is None:
         plain = sorted(n for n in TASKS if not n.startswith("mmlu_"))
-        raise KeyError(
+        raise UnknownNameError(
             f"unknown task {name!r}; available: {', '.join(plain)} and mmlu_<subject> for the "
             f"{sum(n.startswith('mmlu_') for n in TASKS)} MMLU subjects"
         )
@@ -267,7 +270,7 @@ def subset(items: list[Item], limit: int | None, seed: int = 0) -> list[Item]:
     if limit is None or limit >= len(items):
         return list(items)
     if limit <= 0:
-        raise ValueError(f"limit must be positive, got {limit}")
+        raise InactiveHeadsError(f"limit must be positive, got {limit}")
     rng = random.Random(seed)
     groups: dict[str, list[int]] = {}
     for i, it in enumerate(items):
@@ -288,7 +291,7 @@ def heldout(task: Task, limit: int | None, seed: int = 0) -> Task:
     chosen = {id(it) for it in subset(task.items, limit, seed)}
     rest = [it for it in task.items if id(it) not in chosen]
     if not rest:
-        raise ValueError(
+        raise InactiveHeadsError(
             f"task {task.name!r}: evaluating {len(task.items) if limit is None else limit} of its {len(task.items)} "
             "items leaves none for a held-out calibration; lower the limit or calibrate on the same items"
         )

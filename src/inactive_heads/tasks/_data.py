@@ -12,13 +12,15 @@ from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
+from ..errors import InactiveHeadsError
+
 __all__ = ["DATA_ENV", "DataError"]
 
 #: Environment variable naming the default data directory (layout of ``../shared/data``).
 DATA_ENV = "INACTIVE_HEADS_DATA"
 
 
-class DataError(ValueError):
+class DataError(InactiveHeadsError):
     """A benchmark file is missing or malformed; the message names the file, the row and the fix."""
 
 

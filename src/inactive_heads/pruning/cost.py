@@ -20,8 +20,8 @@ from typing import Any
 import torch
 from transformers import PreTrainedModel
 
-from . import _compat
-from .engine import release_freed_memory
+from .. import _compat
+from .._memory import release_freed_memory
 
 __all__ = [
     "decode_seconds",

@@ -1,9 +1,7 @@
-"""Crash-safe files: atomic writes, content-addressed cell keys, and a store of finished sweep cells.
+"""The store of finished sweep cells: content-addressed cell keys and one atomically written file per cell.
 
-A write goes to a temporary file in the destination's directory, is fsynced, and is renamed over the destination
-with :func:`os.replace` (atomic on POSIX and Windows within one file system), then the directory is fsynced so the
-rename itself survives a power cut. A reader therefore sees the old file or the new one, never a mix; a process killed
-mid-write leaves at most a stray ``.*.tmp`` file, which the store ignores.
+Writes go through :mod:`inactive_heads.atomic`, so a process killed mid-write leaves at most a stray ``.*.tmp`` file,
+which the store ignores.
 """
 
 from __future__ import annotations
@@ -12,19 +10,16 @@ import contextlib
 import errno
 import hashlib
 import json
-import math
 import os
-import tempfile
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
+from ..atomic import TMP_SUFFIX, atomic_write_json, canonical_json, plain_json
+from ..errors import InactiveHeadsError
+
 __all__ = [
     "ResultStore",
-    "atomic_write_bytes",
-    "atomic_write_json",
-    "atomic_write_text",
-    "canonical_json",
     "cell_key",
     "package_version",
 ]
@@ -34,86 +29,10 @@ try:
 except ImportError:  # pragma: no cover - Windows
     fcntl = None  # type: ignore[assignment]
 
-_TMP_SUFFIX = ".tmp"
-
-
-def _fsync_dir(directory: Path) -> None:
-    # Directories cannot be opened for fsync on Windows; the rename is still atomic there.
-    if os.name != "posix":
-        return
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def atomic_write_bytes(path: str | Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` atomically (temp file in the same directory, fsync, ``os.replace``)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=_TMP_SUFFIX)
-    try:
-        if os.name == "posix":
-            os.fchmod(fd, 0o644)  # mkstemp's 0600 would make results unreadable to collaborators
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
-    _fsync_dir(path.parent)
-
-
-def atomic_write_text(path: str | Path, text: str, encoding: str = "utf-8") -> None:
-    """Write ``text`` to ``path`` atomically."""
-    atomic_write_bytes(path, text.encode(encoding))
-
-
-def _jsonable(value: Any) -> Any:
-    # Tensors, numpy scalars/arrays and paths appear in results; turn them into plain JSON types.
-    if isinstance(value, Mapping):
-        return {str(k): _jsonable(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_jsonable(v) for v in value]
-    if isinstance(value, Path):
-        return str(value)
-    if hasattr(value, "tolist") and callable(value.tolist):
-        return _jsonable(value.tolist())
-    if hasattr(value, "item") and callable(value.item):
-        return value.item()
-    return value
-
-
-def atomic_write_json(path: str | Path, obj: Any, *, indent: int | None = 1) -> None:
-    """Write ``obj`` as JSON to ``path`` atomically (tensors and numpy values converted; NaN written as ``NaN``)."""
-    atomic_write_text(path, json.dumps(_jsonable(obj), indent=indent, sort_keys=True) + "\n")
-
-
-def canonical_json(obj: Any) -> str:
-    """The canonical JSON of ``obj``: sorted keys, no whitespace, ASCII; NaN/inf rejected (they have no JSON form)."""
-    obj = _jsonable(obj)
-
-    def check(v: Any) -> None:
-        if isinstance(v, float) and not math.isfinite(v):
-            raise ValueError(f"cannot key on non-finite float {v!r}")
-        if isinstance(v, dict):
-            for x in v.values():
-                check(x)
-        elif isinstance(v, list):
-            for x in v:
-                check(x)
-
-    check(obj)
-    return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=False)
-
 
 def package_version() -> str:
     """The installed package's version (imported here: store.py has no other import from the package)."""
-    from ._version import __version__
+    from .._version import __version__
 
     return __version__
 
@@ -149,7 +68,7 @@ class ResultStore:
 
     def path(self, key: str) -> Path:
         if not key or "/" in key or "\\" in key or key.startswith("."):
-            raise ValueError(f"invalid cell key {key!r}")
+            raise InactiveHeadsError(f"invalid cell key {key!r}")
         return self.root / f"{key}.json"
 
     def _read(self, key: str) -> dict[str, Any] | None:
@@ -184,8 +103,8 @@ class ResultStore:
         """Store ``value`` (a JSON object) under ``key`` atomically, replacing any previous or corrupt file."""
         missing = [f for f in self.required if f not in value]
         if missing:
-            raise ValueError(f"cell {key!r} lacks required fields {missing}")
-        record = _jsonable(dict(value))
+            raise InactiveHeadsError(f"cell {key!r} lacks required fields {missing}")
+        record = plain_json(dict(value))
         if self.validate is not None:
             self.validate(record)  # what a reader would reject must not be written
         atomic_write_json(self.path(key), record)
@@ -237,7 +156,7 @@ class ResultStore:
         """Delete temp files left by killed writers; returns how many. Only call when no writer is running."""
         if not self.root.is_dir():
             return 0
-        stale = [p for p in self.root.iterdir() if p.name.startswith(".") and p.name.endswith(_TMP_SUFFIX)]
+        stale = [p for p in self.root.iterdir() if p.name.startswith(".") and p.name.endswith(TMP_SUFFIX)]
         for p in stale:
             with contextlib.suppress(OSError):
                 p.unlink()

@@ -15,7 +15,7 @@ Layout::
                                      per_head is [L][H] fractions of rows in which the head was zeroed
 
 This module is the only one that knows these paths; the sweep writes through it and the report reads through it.
-It holds the run record, the cell record and their reading back together (over 350 lines) so that the identity a
+It holds the run record, the cell record and their reading back together so that the identity a
 directory is checked against is defined in exactly one place.
 """
 
@@ -32,16 +32,19 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
+from transformers import PreTrainedModel
 
-from . import _compat
-from ._layout import removed_heads
-from .analysis import TABLE2_TOLERANCE, Curve, table2, zero_frequency
-from .scores import SCORE_FUNCTIONS, HeadScores
-from .store import ResultStore, atomic_write_json, canonical_json, package_version
+from .. import _compat
+from .._model import removed_heads
+from ..atomic import atomic_write_json, canonical_json
+from ..errors import InactiveHeadsError
+from ..scores import SCORE_FUNCTIONS, HeadScores
+from ..stats.curves import TABLE2_TOLERANCE, Curve, table2, zero_frequency
+from .store import ResultStore, package_version
 
 if TYPE_CHECKING:
-    from .evaluation import EvalResult
-    from .tasks import Task
+    from ..evaluation import EvalResult
+    from ..tasks import Task
 
 __all__ = [
     "CELL_FIELDS",
@@ -49,6 +52,7 @@ __all__ = [
     "Cell",
     "RunData",
     "RunDir",
+    "check_model",
     "display_name",
     "load_run",
     "model_identity",
@@ -90,6 +94,22 @@ def model_identity(model: torch.nn.Module) -> dict[str, Any]:
     if removed is not None:
         identity["pruned_heads"] = removed
     return identity
+
+
+def check_model(run: dict[str, Any], model: PreTrainedModel) -> None:
+    """Whether ``model`` is the one the run record ``run`` was made on: InactiveHeadsError when its shape differs, a
+    warning when only its weights do (another loader or dtype of the same model also differs there)."""
+    layers, heads = _compat.model_shape(model)
+    if (run.get("n_layers"), run.get("n_heads")) != (layers, heads):
+        raise InactiveHeadsError(
+            f"the run was made on a model of {run.get('n_layers')} layers x {run.get('n_heads')} heads, this one has "
+            f"{layers} x {heads}; calibrate this model"
+        )
+    recorded = ((run.get("model") or {}).get("identity") or {}).get("weights_sample_sha256")
+    if recorded is not None and recorded != model_identity(model)["weights_sample_sha256"]:
+        warnings.warn(
+            "the run was made on other weights than this model's; its thresholds may not transfer", stacklevel=3
+        )
 
 
 def display_name(identity: dict[str, Any]) -> str:
@@ -261,11 +281,11 @@ class Cell:
     def from_json(cls, obj: Any) -> Cell:
         """Parse a stored cell; ValueError when a field is missing or of the wrong type (other keys are ignored)."""
         if not isinstance(obj, dict):
-            raise ValueError(f"a cell is a JSON object, got {type(obj).__name__}")
+            raise InactiveHeadsError(f"a cell is a JSON object, got {type(obj).__name__}")
         missing = [f for f in CELL_FIELDS if f not in obj]
         wrong = [f for f, ok in _CELL_TYPES.items() if f in obj and not ok(obj[f])]
         if missing or wrong:
-            raise ValueError(f"malformed cell: missing {missing}, wrong type {wrong}")
+            raise InactiveHeadsError(f"malformed cell: missing {missing}, wrong type {wrong}")
         return cls(**{f.name: obj.get(f.name) for f in fields(cls)})  # type: ignore[arg-type]  # checked above
 
 
@@ -311,13 +331,13 @@ class RunDir:
         """Whether ``run.json`` exists; ValueError when it describes another run (naming what differs)."""
         missing = [k for k in RUN_FIELDS if k not in run]
         if missing:
-            raise ValueError(f"run record lacks {missing}")
+            raise InactiveHeadsError(f"run record lacks {missing}")
         if not self.run_path.is_file():
             return False
         old = json.loads(self.run_path.read_text(encoding="utf-8"))
         diff = [k for k in _RUN_MATCH if json.dumps(old.get(k), sort_keys=True) != json.dumps(run[k], sort_keys=True)]
         if diff:
-            raise ValueError(f"{self.root} holds a different run (differs in {diff}); use a new run directory")
+            raise InactiveHeadsError(f"{self.root} holds a different run (differs in {diff}); use a new run directory")
         return True
 
     def write_run(self, run: dict[str, Any]) -> None:
@@ -355,8 +375,27 @@ class RunDir:
         atomic_write_json(self.thresholds_path, record)
 
     def read_scores(self) -> HeadScores | None:
-        """The calibration scores; None when not recorded."""
-        return HeadScores.load(self.scores_path) if self.scores_path.is_file() else None
+        """The scores of the completed calibration; None when no calibration has completed."""
+        if self.read_meta() is None or not self.scores_path.is_file():
+            return None
+        return HeadScores.load(self.scores_path)
+
+    def read_calibration(self, score: str | None = None) -> HeadScores:
+        """The scores of the completed calibration, with ``score`` derived when it was registered after calibrating;
+        InactiveHeadsError when there is none or it holds no rows."""
+        scores = self.read_scores()
+        if scores is None:
+            raise InactiveHeadsError(
+                f"{self.root} holds no finished calibration; run `inactive-heads calibrate --run-dir {self.root} ...`"
+            )
+        if score is not None and score not in scores:
+            try:
+                scores = scores.derive([score])
+            except KeyError as e:
+                raise InactiveHeadsError(f"{e.args[0]}; calibrate again in a new run directory") from None
+        if not scores.shape[0]:
+            raise InactiveHeadsError(f"{self.root}: the calibration holds no rows")
+        return scores
 
     def cell_store(self) -> ResultStore:
         """The finished cells; a record that is not a valid :class:`Cell` counts as not done."""
@@ -385,7 +424,7 @@ class RunData:
     def settings(self) -> dict[str, Any]:
         """The run record, with every evaluation option at the top level and filled in (the record keeps only the
         options that differ from their defaults)."""
-        from .evaluation import EvalConfig
+        from ..evaluation import EvalConfig
 
         recorded = self.run.get("evaluation", {})
         known = {f.name for f in fields(EvalConfig)}
@@ -398,7 +437,7 @@ class RunData:
         for c in self.cells:
             if c.get("score") is None:
                 return float(c["accuracy"])
-        raise ValueError(f"run {self.dir} has no baseline cell (score null)")
+        raise InactiveHeadsError(f"run {self.dir} has no baseline cell (score null)")
 
     @property
     def score_names(self) -> list[str]:

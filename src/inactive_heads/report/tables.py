@@ -1,7 +1,7 @@
 """What stored runs say beyond their curves: bootstrap intervals, overlap of flagged heads, how calibrations differ.
 
 Everything here reads run directories (cells with their per-item answers, calibration scores); nothing runs a
-model. Tables are ``(header, rows)`` of strings, ready for :class:`~inactive_heads.document.Document`.
+model. Tables are ``(header, rows)`` of strings, ready for :class:`~inactive_heads.report.document.Document`.
 """
 
 from __future__ import annotations
@@ -12,13 +12,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from .figures import figure
-from .generation import cascade
-from .overlap import Overlap, overlap, threshold_spread
-from .rundir import RunData, score_label
-from .scores import SCORE_FUNCTIONS
-from .thresholds import resampled_thresholds
-from .uncertainty import (
+from ..generation import cascade
+from ..runs.directory import RunData, score_label
+from ..scores import SCORE_FUNCTIONS
+from ..stats.bootstrap import (
     DEFAULT_RESAMPLES,
     Bootstrap,
     Interval,
@@ -28,12 +25,13 @@ from .uncertainty import (
     item_index,
     percentile_interval,
 )
+from ..stats.overlap import Overlap, overlap, threshold_spread
+from ..stats.thresholds import resampled_thresholds
 
 __all__ = [
     "calibration_label",
     "cascade_table",
     "interval_text",
-    "overlap_figure",
     "overlap_table",
     "protocol_table",
     "run_bootstrap",
@@ -62,7 +60,7 @@ def _correct(cell: dict[str, Any], ids: list[Any] | None) -> np.ndarray | None:
 
 
 def run_bootstrap(run: RunData, n_resamples: int = 1000, seed: int = 0) -> Bootstrap | None:
-    """:func:`~inactive_heads.uncertainty.bootstrap_run` over a run's stored cells; None when a cell lacks its
+    """:func:`~inactive_heads.stats.bootstrap.bootstrap_run` over a run's stored cells; None when a cell lacks its
     per-item answers (cells stored before they were kept) or the cells disagree on the items."""
     base = next((c for c in run.cells if c.get("score") is None), None)
     if base is None or base.get("per_item") is None:
@@ -103,7 +101,7 @@ def interval_text(iv: Interval, scale: float = 100.0, fmt: str = ".1f", signed: 
 
 def max_zeroed_text(row: dict[str, object], iv: Interval | None = None, fmt: str = ".1f") -> str:
     """A Table-2 value in % (with its interval): ``≥`` marks a lower bound, a curve still within tolerance at the
-    largest fraction measured (``row["lower_bound"]``, :func:`~inactive_heads.analysis.table2`)."""
+    largest fraction measured (``row["lower_bound"]``, :func:`~inactive_heads.stats.curves.table2`)."""
     mark = "≥" if row.get("lower_bound") else ""
     if iv is None:
         return f"{mark}{100 * float(row['max_zeroed']):{fmt}}"  # type: ignore[arg-type]
@@ -113,7 +111,7 @@ def max_zeroed_text(row: dict[str, object], iv: Interval | None = None, fmt: str
 def run_overlaps(
     run: RunData, targets: Sequence[float], n_resamples: int = DEFAULT_RESAMPLES, seed: int = 0
 ) -> list[Overlap]:
-    """:func:`~inactive_heads.overlap.overlap` of the run's score functions (with cells) at each target, from its
+    """:func:`~inactive_heads.stats.overlap.overlap` of the run's score functions (with cells) at each target, from its
     calibration scores, with bootstrap intervals when the calibration recorded each row's item; empty without
     scores."""
     if run.scores is None:
@@ -177,30 +175,6 @@ def overlap_table(overlaps: Sequence[Overlap]) -> Table:
     ], rows
 
 
-def overlap_figure(overlaps: Sequence[Overlap], title: str) -> Any:
-    """IoU matrices, one panel per target (lower triangle: IoU; upper: precision of the row's function)."""
-    k = len(overlaps)
-    n = len(overlaps[0].names)
-    fig = figure(0.6 + (1.2 + 0.36 * n) * k, 1.4 + 0.36 * n)
-    labels = [score_label(x) for x in overlaps[0].names]
-    for j, o in enumerate(overlaps):
-        ax = fig.add_subplot(1, k, j + 1)
-        upper = np.triu(np.ones((n, n), dtype=bool), 1)
-        mat = np.where(upper, o.precision, o.iou)
-        np.fill_diagonal(mat, np.nan)  # 1 by definition; left blank
-        ax.imshow(mat, cmap="Blues", vmin=0, vmax=1)
-        for a in range(n):
-            for b in range(n):
-                if a != b and not np.isnan(mat[a, b]):
-                    ax.text(b, a, f"{mat[a, b]:.2f}", ha="center", va="center", fontsize=5.5)
-        ax.set_xticks(range(n), labels if j == 0 else [""] * n, rotation=90, fontsize=6)
-        ax.set_yticks(range(n), labels if j == 0 else [""] * n, fontsize=6)
-        ax.set_title(f"target {o.target:g}", fontsize=8)
-    fig.suptitle(f"{title}: IoU (below the diagonal), precision of the row's heads (above)", fontsize=9)
-    fig.tight_layout()
-    return fig
-
-
 def _resampled_thresholds(
     runs: dict[str, RunData], keys: list[tuple[str, float]], n_resamples: int, seed: int
 ) -> dict[tuple[str, str, float], np.ndarray] | None:
@@ -228,7 +202,7 @@ def _resampled_thresholds(
 
 def threshold_table(runs: Sequence[RunData], n_resamples: int = DEFAULT_RESAMPLES, seed: int = 0) -> Table | None:
     """Thresholds of one model's calibrations on different tasks, side by side, per score and target, with their
-    spread (:func:`~inactive_heads.overlap.threshold_spread`); None unless two tasks were calibrated the same way.
+    spread (:func:`~inactive_heads.stats.overlap.threshold_spread`); None unless two tasks were calibrated the same way.
 
     Thresholds are read from the stored cells, so they are the ones the sweep used. The spread's 95% interval
     comes from bootstraps of each task's calibration items, drawn independently (where every calibration recorded

@@ -1,7 +1,7 @@
-"""Calibrate thresholds and sweep (score function x target fraction) cells into a resumable run directory.
+"""The jobs that fill a run directory: calibrate thresholds, plan and compute (score, target) cells, and sweep them.
 
-Layout: see :mod:`inactive_heads.rundir`. Every finished cell is one atomic ``cells/<key>.json``, keyed by
-:func:`inactive_heads.store.cell_key` of everything that changes its answer, so a killed sweep resumes where it
+Layout: see :mod:`inactive_heads.runs.directory`. Every finished cell is one atomic ``cells/<key>.json``, keyed by
+:func:`inactive_heads.runs.store.cell_key` of everything that changes its answer, so a killed sweep resumes where it
 stopped and never recomputes (or trusts a torn copy of) a finished cell.
 """
 
@@ -16,14 +16,15 @@ from typing import Any, Literal
 
 from transformers import PreTrainedModel
 
-from . import _compat, evaluation
-from .engine import Policy
-from .evaluation import EvalConfig
-from .rundir import Cell, RunDir, display_name, model_identity, run_digest, run_record, task_fingerprint
-from .scores import SCORE_FUNCTIONS, HeadScores
+from .. import _compat, evaluation
+from ..engine import Policy
+from ..errors import InactiveHeadsError, UnknownNameError
+from ..evaluation import EvalConfig
+from ..scores import SCORE_FUNCTIONS, HeadScores
+from ..stats.thresholds import DEFAULT_TARGETS, check_targets, thresholds_for
+from ..tasks import Task, get_task, heldout
+from .directory import Cell, RunDir, display_name, model_identity, run_digest, run_record, task_fingerprint
 from .store import cell_key
-from .tasks import Task, get_task, heldout
-from .thresholds import DEFAULT_TARGETS, check_targets, thresholds_for
 
 __all__ = ["CalibrationItems", "PlannedCell", "calibrate", "compute_cell", "plan_cells", "sweep"]
 
@@ -48,7 +49,7 @@ def _check_calibration(rd: RunDir, wanted: dict[str, Any]) -> bool:
     if old is None:
         return False
     if any(old.get(k) != v for k, v in wanted.items()):
-        raise ValueError(
+        raise InactiveHeadsError(
             f"{rd.root} holds a calibration made for another run or other calibration items/options; "
             "use a new run directory"
         )
@@ -102,10 +103,10 @@ def calibrate(
     cal_task = task_obj if calibration_task is None else _task(calibration_task, config)
     if calibration_items == "heldout":
         if calibration_task is not None:
-            raise ValueError("a held-out calibration takes items of the evaluated task; drop calibration_task")
+            raise InactiveHeadsError("a held-out calibration takes items of the evaluated task; drop calibration_task")
         cal_task = heldout(task_obj, config.limit, config.seed)
     elif calibration_items != "same":
-        raise ValueError(f"calibration_items must be 'same' or 'heldout', got {calibration_items!r}")
+        raise InactiveHeadsError(f"calibration_items must be 'same' or 'heldout', got {calibration_items!r}")
     cal_config = config if calibration_limit is None else config.replace(limit=calibration_limit)
     # Refuse bad settings before run.json exists: a rejected command must not claim the run directory.
     evaluation.check_request(task_obj, config)
@@ -159,10 +160,12 @@ class PlannedCell:
 def _score_names(scores: str | Sequence[str]) -> list[str]:
     names = list(SCORE_FUNCTIONS) if scores == "all" else [scores] if isinstance(scores, str) else list(scores)
     if not names:
-        raise ValueError("no score functions given; pass score names or 'all'")
+        raise InactiveHeadsError("no score functions given; pass score names or 'all'")
     unknown = [n for n in names if n not in SCORE_FUNCTIONS]
     if unknown:
-        raise ValueError(f"scores {unknown} are not registered; registered: {', '.join(SCORE_FUNCTIONS)}")
+        raise UnknownNameError(
+            f"score(s) {', '.join(unknown)} not registered; registered: {', '.join(SCORE_FUNCTIONS)}"
+        )
     return names
 
 
@@ -200,7 +203,7 @@ def _planned_thresholds(rd: RunDir, names: list[str], ps: list[float]) -> dict[s
             try:
                 cal = cal.derive(missing)
             except KeyError as e:
-                raise ValueError(f"{e.args[0]}; calibrate again in a new run directory") from None
+                raise InactiveHeadsError(f"{e.args[0]}; calibrate again in a new run directory") from None
             cal.save(rd.scores_path)
         for n, values in thresholds_for(cal, ps, missing).items():
             entry(n)["targets"].update({repr(p): t for p, t in zip(ps, values, strict=True)})
@@ -215,7 +218,7 @@ def plan_cells(
 
     Each target ``p`` becomes a threshold from the pooled calibration CDF (:func:`thresholds_from_cdf`); two targets
     tied to one threshold share one cell (listed under the first). A cell's key is the run's identity
-    (:func:`~inactive_heads.rundir.run_digest`), the score's definition fingerprint and the threshold. Needs no
+    (:func:`~inactive_heads.runs.directory.run_digest`), the score's definition fingerprint and the threshold. Needs no
     model: everything comes from the run directory. Thresholds are recorded in the calibration's thresholds record
     and read back from it, so the calibration scores are needed only for thresholds not recorded yet. Scores
     registered after calibrating are derived from the recorded raw statistics and saved with the calibration.

@@ -14,7 +14,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .analysis import TABLE2_TOLERANCE, Curve, table2, wasserstein1
+from ..errors import InactiveHeadsError
+from .curves import TABLE2_TOLERANCE, Curve, table2
+from .distances import wasserstein1
 
 __all__ = [
     "Bootstrap",
@@ -68,7 +70,9 @@ class Bootstrap:
 def resample_counts(n_items: int, n_resamples: int, seed: int) -> np.ndarray:
     """``[n_resamples, n_items]``: how often each item is drawn in each resample (items drawn with replacement)."""
     if n_items < 1 or n_resamples < 1:
-        raise ValueError(f"need at least one item and one resample, got {n_items} items, {n_resamples} resamples")
+        raise InactiveHeadsError(
+            f"need at least one item and one resample, got {n_items} items, {n_resamples} resamples"
+        )
     rng = np.random.default_rng(seed)
     draws = rng.integers(0, n_items, size=(n_resamples, n_items))
     counts = np.zeros((n_resamples, n_items), dtype=np.int32)
@@ -109,7 +113,7 @@ def bootstrap_difference(
     order) with its paired bootstrap interval: one resample of items serves both."""
     x, y = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
     if x.shape != y.shape or x.ndim != 1:
-        raise ValueError(f"need two vectors over the same items, got shapes {x.shape} and {y.shape}")
+        raise InactiveHeadsError(f"need two vectors over the same items, got shapes {x.shape} and {y.shape}")
     counts = resample_counts(x.shape[0], n_resamples, seed)
     return percentile_interval(float(np.mean(x - y)), counts @ (x - y) / x.shape[0], level)
 
@@ -125,15 +129,15 @@ def bootstrap_run(
 ) -> Bootstrap:
     """Paired bootstrap of one run: ``baseline`` is the per-item correctness of the baseline, ``curves[score]`` the
     cells of a score as ``(fraction zeroed, per-item correctness)``, every vector over the same items in the same
-    order. Table-2 values and ranks follow :func:`~inactive_heads.analysis.table2` on each resample."""
+    order. Table-2 values and ranks follow :func:`~inactive_heads.stats.curves.table2` on each resample."""
     if not 0 < level < 1:
-        raise ValueError(f"level must be in (0, 1), got {level}")
+        raise InactiveHeadsError(f"level must be in (0, 1), got {level}")
     base = np.asarray(baseline, dtype=float)
     names = list(curves)
     flat = [(name, frac, np.asarray(c, dtype=float)) for name in names for frac, c in curves[name]]
     for name, _, c in flat:
         if c.shape != base.shape:
-            raise ValueError(f"score {name}: {c.shape[0]} items, but the baseline has {base.shape[0]}")
+            raise InactiveHeadsError(f"score {name}: {c.shape[0]} items, but the baseline has {base.shape[0]}")
     n = base.shape[0]
     counts = resample_counts(n, n_resamples, seed).astype(float)
     matrix = np.stack([base] + [c for _, _, c in flat]) if flat else base[None]
@@ -180,7 +184,9 @@ def _flat(values: np.ndarray, items: np.ndarray) -> tuple[np.ndarray, np.ndarray
     values = np.asarray(values, dtype=np.float64)
     items = np.asarray(items)
     if values.ndim == 0 or values.shape[0] != items.shape[0]:
-        raise ValueError(f"{items.shape[0]} row items for values of shape {values.shape}; give one item per row")
+        raise InactiveHeadsError(
+            f"{items.shape[0]} row items for values of shape {values.shape}; give one item per row"
+        )
     per_row = values.reshape(values.shape[0], -1)
     item_of = np.broadcast_to(items[:, None], per_row.shape)
     keep = ~np.isnan(per_row)
@@ -245,16 +251,16 @@ def bootstrap_wasserstein(
     small distances against the interval's width.
     """
     if not 0 < level < 1:
-        raise ValueError(f"level must be in (0, 1), got {level}")
+        raise InactiveHeadsError(f"level must be in (0, 1), got {level}")
     va, ia = _flat(values_a, np.asarray(items_a))
     vb, ib = _flat(values_b, np.asarray(items_b))
     if va.size == 0 or vb.size == 0:
-        raise ValueError("empty sample (or all NaN)")
+        raise InactiveHeadsError("empty sample (or all NaN)")
     point = wasserstein1(va, vb)
     if paired:
         ids, index = np.unique(np.concatenate([ia, ib]), return_inverse=True)
         if not (np.isin(ids, ia).all() and np.isin(ids, ib).all()):
-            raise ValueError("paired=True needs both sides to hold the same items")
+            raise InactiveHeadsError("paired=True needs both sides to hold the same items")
         da, db = index[: ia.size], index[ia.size :]
         counts_a = counts_b = resample_counts(ids.size, n_resamples, seed)
     else:

@@ -18,31 +18,22 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .rundir import slug
-from .scores import SCORE_FUNCTIONS
-from .store import canonical_json
-from .thresholds import check_targets
+from ..atomic import canonical_json
+from ..errors import InactiveHeadsError
+from ..runs.directory import slug
+from ..scores import SCORE_FUNCTIONS
+from ..stats.thresholds import check_targets
+from .executors import Resources
 
-__all__ = ["DTYPES", "Resources", "Study", "StudyFileError", "StudyModel", "StudyTask", "load_study", "parse_study"]
+__all__ = ["DTYPES", "Study", "StudyFileError", "StudyModel", "StudyTask", "load_study", "parse_study"]
 
 #: The dtypes a model may be loaded in.
 DTYPES = ("float32", "bfloat16", "float16")
 _REQUIRED = object()
 
 
-class StudyFileError(ValueError):
+class StudyFileError(InactiveHeadsError):
     """A study file that cannot be read or has a bad key; the message names the file and the key."""
-
-
-@dataclass(frozen=True)
-class Resources:
-    """What one worker (one loaded model) asks of the executor: ``workers`` such workers per model, each with
-    ``cpus`` CPU cores (also its torch threads), ``gpus`` GPUs and ``memory_gb`` of RAM reserved."""
-
-    workers: int = 1
-    cpus: float | None = None
-    gpus: float = 0.0
-    memory_gb: float | None = None
 
 
 @dataclass(frozen=True)
@@ -133,7 +124,7 @@ class Study:
     def with_limit(self, limit: int) -> Study:
         """The same study on at most ``limit`` items per task and calibration (a quick reduced run)."""
         if limit < 1:
-            raise ValueError(f"limit must be >= 1, got {limit}")
+            raise InactiveHeadsError(f"limit must be >= 1, got {limit}")
 
         def cap(value: int | None) -> int:
             return limit if value is None else min(value, limit)
@@ -282,8 +273,8 @@ def parse_study(
     data: dict[str, Any], *, base: str | Path = ".", where: str = "study", default_name: str = "study"
 ) -> Study:
     """Validate the parsed TOML ``data`` of a study file (paths relative to ``base``; ``where`` names the file)."""
-    from .plugins import load_plugins
-    from .tasks import TASKS
+    from ..plugins import load_plugins
+    from ..tasks import TASKS
 
     base = Path(base).absolute()
 

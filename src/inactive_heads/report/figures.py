@@ -12,18 +12,20 @@ from typing import Any
 
 import numpy as np
 
-from .analysis import TABLE2_TOLERANCE
-from .rundir import RunData, score_label
-from .scores import SCORE_FUNCTIONS
-from .uncertainty import Interval
+from ..errors import InactiveHeadsError
+from ..runs.directory import RunData, score_label
+from ..scores import SCORE_FUNCTIONS
+from ..stats.bootstrap import Interval
+from ..stats.curves import TABLE2_TOLERANCE
+from ..stats.overlap import Overlap
 
 __all__ = [
     "cdf_figure",
     "curves_figure",
     "delta_figure",
     "figure",
-    "frontier_figure",
     "head_heatmap",
+    "overlap_figure",
     "png",
     "rank_heatmap",
 ]
@@ -78,11 +80,11 @@ def curves_figure(run: RunData) -> Any:
 
 def delta_figure(run: RunData, cells: Mapping[tuple[str, float], Interval]) -> Any:
     """Accuracy minus baseline against % of heads zeroed, one panel per score function, each cell's paired
-    bootstrap interval (``cells[(score, fraction zeroed)]``, :class:`~inactive_heads.uncertainty.Bootstrap`) as a
+    bootstrap interval (``cells[(score, fraction zeroed)]``, :class:`~inactive_heads.stats.bootstrap.Bootstrap`) as a
     band; random's points in grey on every panel, and the one-point tolerance line."""
     curves = run.curves()
     if not curves:
-        raise ValueError(f"{run.name} has no cells of a score function to draw")
+        raise InactiveHeadsError(f"{run.name} has no cells of a score function to draw")
     cols = min(3, len(curves))
     rows = math.ceil(len(curves) / cols)
     fig = figure(3.2 * cols, 2.4 * rows + 0.4)
@@ -183,7 +185,7 @@ def head_heatmap(run: RunData, name: str, cell: dict[str, Any]) -> Any:
     """How often each (layer, head) was zeroed in ``cell`` (which must have a :meth:`RunData.head_frequency`)."""
     freq = run.head_frequency(cell)
     if freq is None:
-        raise ValueError(f"cell of {name} has no per-head fractions and none can be derived")
+        raise InactiveHeadsError(f"cell of {name} has no per-head fractions and none can be derived")
     fig = figure(1.5 + 0.22 * freq.shape[1], 1.2 + 0.16 * freq.shape[0])
     ax = fig.add_subplot()
     im = ax.imshow(freq, cmap="magma", vmin=0, vmax=1, aspect="auto", interpolation="nearest")
@@ -199,38 +201,25 @@ def head_heatmap(run: RunData, name: str, cell: dict[str, Any]) -> Any:
     return fig
 
 
-def frontier_figure(panels: Sequence[tuple[str, float, Sequence[Mapping[str, Any]]]]) -> Any:
-    """Accuracy against measured speed-up of statically pruned models, one panel per ``(title, baseline accuracy,
-    points)``; a point is ``{"score", "fraction", "speedup", "accuracy"}`` and each score's points are joined in
-    order of fraction. The unpruned model is the point (1, baseline)."""
-    import matplotlib
-
-    colors = matplotlib.colormaps["tab10"]
-    cols = min(2, len(panels))
-    rows = math.ceil(len(panels) / cols)
-    fig = figure(4.6 * cols, 3.4 * rows)
-    for k, (title, baseline, points) in enumerate(panels):
-        ax = fig.add_subplot(rows, cols, k + 1)
-        names = list(dict.fromkeys(str(p["score"]) for p in points))
-        for i, name in enumerate(names):
-            mine = sorted((p for p in points if p["score"] == name), key=lambda p: float(p["fraction"]))
-            xs = [1.0, *(float(p["speedup"]) for p in mine)]
-            ys = [100 * baseline, *(100 * float(p["accuracy"]) for p in mine)]
-            style = {"color": "black", "ls": "--"} if name == "random" else {"color": colors(i % 10)}
-            ax.plot(xs, ys, marker="o", ms=3.5, lw=1.2, label=score_label(name), **style)
-            for p, x, y in zip(mine, xs[1:], ys[1:], strict=True):
-                ax.annotate(
-                    f"{100 * float(p['fraction']):.0f}%", (x, y), fontsize=6, xytext=(2, 2), textcoords="offset points"
-                )
-        ax.axhline(100 * baseline, color="grey", lw=0.8, ls=":")
-        ax.axhline(100 * (baseline - TABLE2_TOLERANCE), color="grey", lw=0.8, ls=":")
-        ax.set_title(title, fontsize=9)
-        ax.set_xlabel("speed-up over the unpruned model (×)", fontsize=8)
-        ax.set_ylabel("accuracy (%)", fontsize=8)
-        ax.tick_params(labelsize=7)
-        ax.grid(alpha=0.3)
-        if k == 0:
-            ax.legend(fontsize=7)
-    fig.suptitle("Static pruning: accuracy against speed-up (labels: % of heads removed)", fontsize=10)
+def overlap_figure(overlaps: Sequence[Overlap], title: str) -> Any:
+    """IoU matrices, one panel per target (lower triangle: IoU; upper: precision of the row's function)."""
+    k = len(overlaps)
+    n = len(overlaps[0].names)
+    fig = figure(0.6 + (1.2 + 0.36 * n) * k, 1.4 + 0.36 * n)
+    labels = [score_label(x) for x in overlaps[0].names]
+    for j, o in enumerate(overlaps):
+        ax = fig.add_subplot(1, k, j + 1)
+        upper = np.triu(np.ones((n, n), dtype=bool), 1)
+        mat = np.where(upper, o.precision, o.iou)
+        np.fill_diagonal(mat, np.nan)  # 1 by definition; left blank
+        ax.imshow(mat, cmap="Blues", vmin=0, vmax=1)
+        for a in range(n):
+            for b in range(n):
+                if a != b and not np.isnan(mat[a, b]):
+                    ax.text(b, a, f"{mat[a, b]:.2f}", ha="center", va="center", fontsize=5.5)
+        ax.set_xticks(range(n), labels if j == 0 else [""] * n, rotation=90, fontsize=6)
+        ax.set_yticks(range(n), labels if j == 0 else [""] * n, fontsize=6)
+        ax.set_title(f"target {o.target:g}", fontsize=8)
+    fig.suptitle(f"{title}: IoU (below the diagonal), precision of the row's heads (above)", fontsize=9)
     fig.tight_layout()
     return fig

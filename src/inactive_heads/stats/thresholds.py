@@ -27,6 +27,8 @@ from collections.abc import Iterable, Mapping, Sequence
 import numpy as np
 import torch
 
+from ..errors import InactiveHeadsError
+
 __all__ = ["DEFAULT_TARGETS", "fraction_passing", "resampled_thresholds", "thresholds_for", "thresholds_from_cdf"]
 
 #: Target fractions of heads to zero: 0 %, 5 %, ..., 30 %.
@@ -44,20 +46,20 @@ def check_targets(targets: Iterable[float]) -> list[float]:
     ps = [float(p) for p in targets]
     bad = [p for p in ps if not 0.0 <= p <= 1.0]
     if bad:
-        raise ValueError(f"target fractions must lie in [0, 1], got {bad}")
+        raise InactiveHeadsError(f"target fractions must lie in [0, 1], got {bad}")
     return ps
 
 
 def _check(inactive_when: str, targets: Iterable[float]) -> list[float]:
     if inactive_when not in ("above", "below"):
-        raise ValueError(f"inactive_when must be 'above' or 'below', got {inactive_when!r}")
+        raise InactiveHeadsError(f"inactive_when must be 'above' or 'below', got {inactive_when!r}")
     return check_targets(targets)
 
 
 def _below(values: np.ndarray, n_total: int, ps: list[float]) -> list[float]:
     s = np.sort(values[~np.isnan(values)])
     if s.size == 0:
-        raise ValueError("no finite scores to take thresholds from")
+        raise InactiveHeadsError("no finite scores to take thresholds from")
     top = np.nextafter(s[-1], np.float32(np.inf), dtype=np.float32)
     candidates = np.append(np.unique(s), top).astype(np.float32)
     # Actual counts under the strict `<` the engine uses; this also handles +inf maxima where `top` cannot pass all.
@@ -101,7 +103,7 @@ def resampled_thresholds(
 ) -> np.ndarray:
     """``[resamples, targets]``: :func:`thresholds_from_cdf` of each bootstrap resample of ``scores`` ``[rows, ...]``,
     where row ``r`` counts ``counts[k, row_items[r]]`` times in resample ``k`` (``counts``: ``[resamples, items]``,
-    :func:`~inactive_heads.uncertainty.resample_counts`). Equal to the thresholds of the repeated rows, without
+    :func:`~inactive_heads.stats.bootstrap.resample_counts`). Equal to the thresholds of the repeated rows, without
     building them: one sort serves every resample. NaN where a resample draws only NaN scores."""
     ps = _check(inactive_when, targets)
     sign = np.float32(1 if inactive_when == "below" else -1)  # x > t  <=>  -x < -t (exact in float32)
@@ -113,7 +115,7 @@ def resampled_thresholds(
     order = np.argsort(values[known], kind="stable")
     s, item_sorted = values[known][order], item[known][order]
     if s.size == 0:
-        raise ValueError("no finite scores to take thresholds from")
+        raise InactiveHeadsError("no finite scores to take thresholds from")
     first = np.r_[True, s[1:] != s[:-1]]
     starts = np.flatnonzero(first)  # first sorted position of each distinct value
     distinct, group_of = s[starts], np.cumsum(first) - 1  # group_of: the distinct value at each sorted position
@@ -164,7 +166,7 @@ def thresholds_for(
     names: Iterable[str] | None = None,
 ) -> dict[str, list[float]]:
     """Thresholds per registered score function recorded in ``scores`` (a :class:`HeadScores`): name -> list."""
-    from .scores import SCORE_FUNCTIONS
+    from ..scores import SCORE_FUNCTIONS
 
     ps = list(targets)
     chosen = list(scores) if names is None else list(names)

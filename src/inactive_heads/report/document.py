@@ -10,6 +10,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from ..errors import InactiveHeadsError
+
 __all__ = ["Document", "linked_images", "render_table"]
 
 _TableFormat = Literal["markdown", "text", "html"]
@@ -43,12 +45,12 @@ def render_table(
     if fmt == "text":
         align = align or "l" * len(header)
         if len(align) != len(header) or set(align) - {"l", "r"}:
-            raise ValueError(f"align needs one 'l' or 'r' per column ({len(header)}), got {align!r}")
+            raise InactiveHeadsError(f"align needs one 'l' or 'r' per column ({len(header)}), got {align!r}")
         table = [list(header), *(list(r) for r in rows)]
         widths = [max(len(r[i]) for r in table) for i in range(len(header))]
         pad = [str.ljust if a == "l" else str.rjust for a in align]
         return "\n".join("  ".join(p(c, w) for p, c, w in zip(pad, r, widths, strict=True)).rstrip() for r in table)
-    raise ValueError(f"unknown table format {fmt!r}; expected markdown, text or html")
+    raise InactiveHeadsError(f"unknown table format {fmt!r}; expected markdown, text or html")
 
 
 @dataclass

@@ -23,9 +23,30 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, ClassVar, Protocol, TypeVar, overload
 
-from .studyfile import Resources
+from ..errors import InactiveHeadsError
 
-__all__ = ["EXECUTORS", "Bar", "Executor", "Job", "LocalExecutor", "RayExecutor", "WorkerGroup", "register_executor"]
+__all__ = [
+    "EXECUTORS",
+    "Bar",
+    "Executor",
+    "Job",
+    "LocalExecutor",
+    "RayExecutor",
+    "Resources",
+    "WorkerGroup",
+    "register_executor",
+]
+
+
+@dataclass(frozen=True)
+class Resources:
+    """What one worker (one loaded model) asks of the executor: ``workers`` such workers per model, each with
+    ``cpus`` CPU cores (also its torch threads), ``gpus`` GPUs and ``memory_gb`` of RAM reserved."""
+
+    workers: int = 1
+    cpus: float | None = None
+    gpus: float = 0.0
+    memory_gb: float | None = None
 
 
 class Bar(Protocol):
@@ -89,9 +110,9 @@ def register_executor(cls: _E | None = None, *, override: bool = False) -> _E | 
     def decorate(cls: _E) -> _E:
         name = getattr(cls, "name", None)
         if not isinstance(name, str) or not name:
-            raise ValueError(f"{cls.__name__} needs a class attribute `name` to be registered")
+            raise InactiveHeadsError(f"{cls.__name__} needs a class attribute `name` to be registered")
         if name in _EXECUTORS and not override:
-            raise ValueError(f"executor {name!r} is already registered; pass override=True to replace it")
+            raise InactiveHeadsError(f"executor {name!r} is already registered; pass override=True to replace it")
         _EXECUTORS[name] = cls
         return cls
 
@@ -275,7 +296,7 @@ def _check_fits(ray: Any, groups: Sequence[WorkerGroup]) -> None:
         most = {k: max((node.get(k, 0) for node in nodes), default=0) for k in need}
         asked = ", ".join(f"{k} {_amount(k, v)}" for k, v in need.items())
         has = ", ".join(f"{k} {_amount(k, v)}" for k, v in most.items())
-        raise ValueError(
+        raise InactiveHeadsError(
             f"a worker of model {g.name} asks for {asked}, but the largest node of the Ray cluster has {has}; "
             "lower [resources] in the study file, or start larger nodes first"
         )
@@ -289,5 +310,7 @@ def _import_ray() -> Any:
     try:
         import ray
     except ImportError:
-        raise ValueError("the ray executor needs Ray: pip install 'inactive-heads[ray]' (or 'ray>=2.50')") from None
+        raise InactiveHeadsError(
+            "the ray executor needs Ray: pip install 'inactive-heads[ray]' (or 'ray>=2.50')"
+        ) from None
     return ray

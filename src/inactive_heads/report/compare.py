@@ -8,13 +8,14 @@ from typing import Any
 
 import numpy as np
 
-from .analysis import depth_bins, wasserstein_table
+from ..atomic import atomic_write_bytes
+from ..errors import InactiveHeadsError
+from ..runs.directory import RunData, load_run, score_label, slug
+from ..stats.bootstrap import DEFAULT_RESAMPLES, Interval, bootstrap_wasserstein
+from ..stats.distances import depth_bins, wasserstein_table
 from .document import render_table
 from .figures import figure, png
-from .rundir import RunData, load_run, score_label, slug
-from .runstats import interval_text
-from .store import atomic_write_bytes
-from .uncertainty import DEFAULT_RESAMPLES, Interval, bootstrap_wasserstein
+from .tables import interval_text
 
 __all__ = ["compare_runs", "depth_w1_intervals", "score_distances", "series_distances", "w1_interval"]
 
@@ -38,7 +39,7 @@ def w1_interval(
     a: RunData, b: RunData, name: str, n_resamples: int = DEFAULT_RESAMPLES, seed: int = 0
 ) -> Interval | None:
     """Pooled W1 between two runs' calibration scores ``name`` with its 95% bootstrap interval over items
-    (:func:`~inactive_heads.uncertainty.bootstrap_wasserstein`; paired when both calibrated on the same items).
+    (:func:`~inactive_heads.stats.bootstrap.bootstrap_wasserstein`; paired when both calibrated on the same items).
     None when a calibration did not record the item of each row, or ``n_resamples`` is 0."""
     inputs = _bootstrap_inputs(a, b, name, n_resamples)
     if inputs is None:
@@ -50,8 +51,8 @@ def w1_interval(
 def depth_w1_intervals(
     a: RunData, b: RunData, name: str, n_resamples: int = DEFAULT_RESAMPLES, seed: int = 0
 ) -> list[Interval] | None:
-    """W1 per relative-depth bin (:func:`~inactive_heads.analysis.depth_bins`, as in the per-depth
-    :func:`~inactive_heads.analysis.wasserstein_table`) with 95% bootstrap intervals over items, resampled as in
+    """W1 per relative-depth bin (:func:`~inactive_heads.stats.curves.depth_bins`, as in the per-depth
+    :func:`~inactive_heads.stats.curves.wasserstein_table`) with 95% bootstrap intervals over items, resampled as in
     :func:`w1_interval`; every bin sees the same resamples of items. None where :func:`w1_interval` gives None."""
     inputs = _bootstrap_inputs(a, b, name, n_resamples)
     if inputs is None:
@@ -79,7 +80,7 @@ def compare_runs(
 
     Per score function (``names``, default: all recorded in both): pooled W1 with its bootstrap interval
     (:func:`w1_interval`; ``n_resamples=0``: none) and W1 per layer (per relative-depth bin when layer counts
-    differ, see :func:`inactive_heads.analysis.wasserstein_table`) with intervals (:func:`depth_w1_intervals`).
+    differ, see :func:`inactive_heads.stats.curves.wasserstein_table`) with intervals (:func:`depth_w1_intervals`).
     The figure (W1 vs relative depth, one line and band per score) goes to ``out_dir`` (default: the working
     directory; run directories are only read) as ``compare_<a>_vs_<b>.png``.
     """
@@ -89,7 +90,7 @@ def compare_runs(
         missing = [n for n in names if n not in a.scores or n not in b.scores]
         if missing:
             shared = [n for n in a.scores if n in b.scores]
-            raise ValueError(f"scores {missing} are not recorded in both runs; both have: {', '.join(shared)}")
+            raise InactiveHeadsError(f"scores {missing} are not recorded in both runs; both have: {', '.join(shared)}")
     header, rows, fig = score_distances(a, b, names, n_resamples, seed)
     text = f"W1 between calibration scores of {a.name} and {b.name}\n\n" + render_table(header, rows) + "\n"
     path = Path(out_dir) if out_dir is not None else Path.cwd()
@@ -106,7 +107,7 @@ def score_distances(
     the max with its bin's interval from :func:`depth_w1_intervals`), as a table (header, rows), and the figure of
     W1 against relative depth with the bins' intervals as bands."""
     if a.scores is None or b.scores is None:
-        raise ValueError("both runs need calibration/scores.safetensors")
+        raise InactiveHeadsError("both runs need calibration/scores.safetensors")
     pooled = wasserstein_table(a.scores, b.scores, names=names)
     ivs = {n: w1_interval(a, b, n, n_resamples, seed) for n in pooled}
     depth_ivs = {n: depth_w1_intervals(a, b, n, n_resamples, seed) for n in pooled}
@@ -160,7 +161,7 @@ def series_distances(
     intervals as in :func:`score_distances`, as a table and a figure (one line per score along the series, intervals
     as error bars)."""
     if len(runs) < 2 or any(r.scores is None for r in runs):
-        raise ValueError("a series needs two or more runs, each with calibration/scores.safetensors")
+        raise InactiveHeadsError("a series needs two or more runs, each with calibration/scores.safetensors")
     first = runs[0]
     tables = [wasserstein_table(first.scores, r.scores, names=names) for r in runs[1:]]  # type: ignore[arg-type]
     names = [n for n in tables[0] if all(n in t for t in tables)]

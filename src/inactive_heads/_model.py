@@ -1,4 +1,5 @@
-"""Which of its original heads a pruned attention module still has: the record pruning writes and the engine reads.
+"""Where a transformers model keeps its attention: one module per layer, its output projection, and which of its
+original heads a pruned module still has (the record pruning writes and the engine reads).
 
 :func:`inactive_heads.pruning.prune_heads` sets two non-persistent buffers on every attention module it shrinks (they
 follow ``.to(device)`` and stay out of the state dict):
@@ -18,11 +19,15 @@ from typing import Any
 
 import torch
 
+from . import _compat
+from .errors import InactiveHeadsError
+
 __all__: list[str] = []  # internal module
 
 _QUERY_HEADS = "inactive_heads_query_heads"
 _KV_INDEX = "inactive_heads_kv_index"
 _CONFIG_KEY = "inactive_heads_pruned_heads"
+_OUTPUT_PROJECTIONS = ("o_proj", "c_proj", "out_proj", "dense", "wo")
 
 
 def query_heads(module: torch.nn.Module) -> torch.Tensor | None:
@@ -75,11 +80,11 @@ def cache_pairs(read: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 def set_layout(module: torch.nn.Module, query_heads: torch.Tensor, kv_index: torch.Tensor) -> None:
     """Record that ``module`` keeps original query heads ``query_heads``, reading KV heads ``kv_index``."""
     if query_heads.shape != kv_index.shape or query_heads.dim() != 1:
-        raise ValueError(
+        raise InactiveHeadsError(
             f"query_heads {tuple(query_heads.shape)} and kv_index {tuple(kv_index.shape)} must be [H_kept]"
         )
     if bool((kv_index.diff() < 0).any()):  # attention slices each KV head's query heads as one contiguous block
-        raise ValueError(f"kv_index must be nondecreasing, got {kv_index.tolist()}")
+        raise InactiveHeadsError(f"kv_index must be nondecreasing, got {kv_index.tolist()}")
     device = next((p.device for p in module.parameters()), torch.device("cpu"))
     module.register_buffer(_QUERY_HEADS, query_heads.to(device, torch.long), persistent=False)
     module.register_buffer(_KV_INDEX, kv_index.to(device, torch.long), persistent=False)
@@ -98,3 +103,37 @@ def removed_heads(config: Any) -> list[list[int]] | None:
 def record_removed(config: Any, removed: list[list[int]]) -> None:
     """Record in ``config`` (saved with the model) the removed query heads per layer."""
     setattr(_text_config(config), _CONFIG_KEY, removed)
+
+
+def attention_modules(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """The attention module of each layer of ``model``, in layer order; ValueError when they cannot be identified."""
+    layers: dict[int, torch.nn.Module] = {}
+    found: list[int] = []
+    for module in model.modules():
+        idx = getattr(module, "layer_idx", None)
+        if (
+            isinstance(idx, int)
+            and hasattr(module, "config")
+            and any(hasattr(module, p) for p in (*_OUTPUT_PROJECTIONS, "q_proj", "c_attn", "qkv_proj"))
+        ):
+            layers[idx] = module
+            found.append(idx)
+    if sorted(found) != list(range(len(found))) or not found:
+        raise InactiveHeadsError(
+            f"{type(model).__name__}: could not identify one attention module per layer (found layer indices "
+            f"{sorted(found)}); inactive-heads supports transformers models built on AttentionInterface"
+        )
+    return [layers[i] for i in range(len(found))]
+
+
+def output_projection(module: torch.nn.Module, in_features: int) -> torch.Tensor:
+    """The output projection's weight as [d_model, H*D], whatever the layer type (Linear, GPT-2 Conv1D)."""
+    for name in _OUTPUT_PROJECTIONS:
+        layer = getattr(module, name, None)
+        weight = _compat.linear_weight(layer) if isinstance(layer, torch.nn.Module) else None
+        if weight is not None and weight.shape[1] == in_features:
+            return weight
+    raise InactiveHeadsError(
+        f"cannot find the output projection of {type(module).__name__} (looked for {_OUTPUT_PROJECTIONS} with "
+        f"{in_features} input features); fhon scores are unavailable for this architecture"
+    )

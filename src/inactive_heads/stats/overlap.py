@@ -18,9 +18,10 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from .scores import SCORE_FUNCTIONS
+from ..errors import InactiveHeadsError
+from ..scores import SCORE_FUNCTIONS
+from .bootstrap import DEFAULT_RESAMPLES, item_index, resample_counts
 from .thresholds import thresholds_from_cdf
-from .uncertainty import DEFAULT_RESAMPLES, item_index, resample_counts
 
 __all__ = ["Overlap", "flagged", "overlap", "threshold_spread"]
 
@@ -98,7 +99,9 @@ def overlap(
         return Overlap(list(names), float(target), iou, precision, level)
     items = np.asarray(row_items)
     if items.shape != (sets.shape[1],):
-        raise ValueError(f"{items.shape[0]} row items for {sets.shape[1]} calibration rows; give one item per row")
+        raise InactiveHeadsError(
+            f"{items.shape[0]} row items for {sets.shape[1]} calibration rows; give one item per row"
+        )
     index, n_items = item_index(items)
     iou_s, precision_s = _resampled(sets.astype(np.float64), index, resample_counts(n_items, n_resamples, seed))
     tail = (1 - level) / 2 * 100
