@@ -77,6 +77,9 @@ __all__ = [
     "Evaluate",
     "Look",
     "Probe",
+    "ProbeStop",
+    "SearchStop",
+    "State",
     "confidence_sequence",
     "fit_crossing",
     "format_crossing",
@@ -281,6 +284,7 @@ def _run_probe(
     looks: list[Look] = []
     diffs: list[npt.NDArray[np.int8]] = []
     zeroed = 0.0  # realised fraction times items, summed over blocks
+    n = total = 0
     stop: ProbeStop = "budget"
     for k, block in enumerate(blocks):
         answer = evaluate(target, block)
@@ -293,13 +297,12 @@ def _run_probe(
         diffs.append(d)
         zeroed += answer.fraction * block.size
         low, high = cs.update(d)
-        n = sum(x.size for x in diffs)
-        mean = float(sum(int(x.sum()) for x in diffs)) / n
+        n, total = n + d.size, total + int(d.sum())
         decision = _decide(low, high, tolerance)
-        looks.append(Look(k, n, zeroed / n, mean, low, high, decision))
+        looks.append(Look(k, n, zeroed / n, total / n, low, high, decision))
         if k == 0 and answer.fraction == 0:
             # Nothing zeroed: the cell is the baseline, whatever the test says after one block.
-            looks[-1] = Look(k, n, 0.0, mean, low, high, "within")
+            looks[-1] = Look(k, n, 0.0, total / n, low, high, "within")
             stop = "no_heads"
             break
         if sequential and decision != "undecided":
