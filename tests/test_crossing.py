@@ -1,0 +1,337 @@
+"""The crossing's estimator, sequential test and search, on synthetic curves with a known crossing."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from inactive_heads.crossing import (
+    Answer,
+    Crossing,
+    CrossingResult,
+    Probe,
+    confidence_sequence,
+    fit_crossing,
+    format_crossing,
+    grid_crossing,
+    item_order,
+    search_crossing,
+)
+from inactive_heads.crossing import _isotonic_decreasing as isotonic
+
+TOL = 0.01
+
+
+def _curve(
+    mu: Callable[[float], float], *, n: int = 1838, p: float = 0.6, churn: float = 0.1, seed: int = 0
+) -> tuple[Callable[[float, np.ndarray], Answer], np.ndarray]:
+    """``evaluate`` and the baseline of a curve with mean paired difference ``mu(x) <= 0`` at realised fraction ``x``
+    (= the target): nested systematic losses, plus churn that flips both ways at equal rates (``mu`` unchanged)."""
+    rng = np.random.default_rng(seed)
+    base = rng.random(n) < p
+    fragility = rng.random(n)
+
+    def evaluate(target: float, items: np.ndarray) -> Answer:
+        down = min(-mu(target), 0.3)
+        c = churn * min(1.0, target / 0.05)
+        fresh = np.random.default_rng([seed, round(target * 1e9), int(items[0])]).random(items.size)
+        lose = (fragility[items] < down / p) | (fresh < c / (2 * p) / (1 - down / p))
+        return Answer(np.where(base[items], ~lose, fresh < c / (2 * (1 - p))), target)
+
+    return evaluate, base
+
+
+def _power(crossing: float, k: float = 3.0) -> Callable[[float], float]:
+    return lambda x: -TOL * (x / crossing) ** k
+
+
+def _covers(c: Crossing, truth: float) -> bool:
+    return c.low <= truth <= (math.inf if c.high_censored else c.high)
+
+
+def _same(a: CrossingResult, b: CrossingResult) -> bool:
+    def key(p: Probe) -> tuple[object, ...]:
+        return (p.target, p.fraction, p.items.tobytes(), p.difference.tobytes(), p.looks, p.decision, p.stop)
+
+    return a.crossing == b.crossing and a.stop == b.stop and [key(p) for p in a.probes] == [key(p) for p in b.probes]
+
+
+def _probe(fraction: float, difference: np.ndarray, items: np.ndarray | None = None) -> Probe:
+    d = np.asarray(difference, dtype=np.int8)
+    ids = np.arange(d.size, dtype=np.int64) if items is None else items
+    return Probe(fraction, fraction, ids, d, (), "undecided", "budget")
+
+
+def _differences(mean: float, n: int, rng: np.random.Generator, disagree: float = 0.1) -> np.ndarray:
+    down = (disagree - mean) / 2
+    u = rng.random(n)
+    return np.where(u < down, -1, np.where(u < disagree, 1, 0)).astype(np.int8)
+
+
+# --- the confidence sequence ---------------------------------------------------------------------------------------
+
+
+def _slow_cs(d: np.ndarray, block: int, alpha: float) -> list[tuple[float, float]]:
+    """Waudby-Smith & Ramdas's predictable plug-in EB sequence, item by item, weights and centre fixed per block."""
+    x = (d + 1) / 2
+    log_term = math.log(2 / alpha)
+    out, lam, centre = [], 0.0, 0.5
+    num = den = var_sum = dev_sum = xsum = 0.0
+    for i, xi in enumerate(x):
+        if i % block == 0:
+            centre = (0.5 + xsum) / (i + 1)
+            sigma2 = (0.25 + dev_sum) / (i + 1)
+            lam = min(math.sqrt(2 * log_term / (sigma2 * (i + 1) * math.log(i + 2))), 0.5)
+        dev = (xi - centre) ** 2
+        num, den = num + lam * xi, den + lam
+        var_sum += 4 * dev * (-math.log(1 - lam) - lam) / 4
+        dev_sum, xsum = dev_sum + dev, xsum + xi
+        if (i + 1) % block == 0 or i + 1 == x.size:
+            half = (log_term + var_sum) / den
+            out.append((2 * max(0.0, num / den - half) - 1, 2 * min(1.0, num / den + half) - 1))
+    return out
+
+
+def test_confidence_sequence_matches_the_item_by_item_formula():
+    d = _differences(-0.02, 730, np.random.default_rng(3))
+    low, high = confidence_sequence(d, block_size=100, alpha=0.05)
+    assert np.allclose(np.column_stack([low, high]), _slow_cs(d, 100, 0.05), rtol=0, atol=1e-12)
+    assert np.all(np.diff(high - low) < 0)  # each block narrows it here
+
+
+def test_confidence_sequence_covers_the_mean_at_every_look_at_once():
+    rng = np.random.default_rng(0)
+    sequences, mean, alpha = 400, -0.02, 0.05
+    missed = 0
+    for _ in range(sequences):
+        low, high = confidence_sequence(_differences(mean, 2000, rng, 0.15), block_size=100, alpha=alpha)
+        missed += bool(np.any((low > mean) | (high < mean)))
+    assert missed / sequences <= alpha  # anytime-valid bounds are conservative: in practice far fewer misses
+
+
+# --- the estimator --------------------------------------------------------------------------------------------------
+
+
+def _pava(values: list[float], weights: list[float]) -> list[float]:
+    blocks = [[v, w, 1] for v, w in zip(values, weights, strict=True)]
+    i = 0
+    while i < len(blocks) - 1:
+        if blocks[i][0] < blocks[i + 1][0]:  # an increase: pool
+            (v1, w1, n1), (v2, w2, n2) = blocks[i], blocks[i + 1]
+            blocks[i : i + 2] = [[(v1 * w1 + v2 * w2) / (w1 + w2), w1 + w2, n1 + n2]]
+            i = max(i - 1, 0)
+        else:
+            i += 1
+    return [v for v, _, n in blocks for _ in range(n)]
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.floats(-1, 1), st.floats(0.1, 10)), min_size=1, max_size=9))
+def test_isotonic_fit_is_pool_adjacent_violators(points):
+    values, weights = (list(t) for t in zip(*points, strict=True))
+    got = isotonic(np.array([values]) * np.array([weights]), np.array([weights]))[0]
+    assert got == pytest.approx(_pava(values, weights), abs=1e-9)
+
+
+def test_point_estimate_interpolates_the_fit_from_the_anchor():
+    n = 400
+    flat, down = np.zeros(n), np.r_[-np.ones(8), np.zeros(n - 8)]  # means 0 and -0.02
+    c = fit_crossing([_probe(0.1, flat), _probe(0.2, down)], n_resamples=200)
+    assert c.state == "estimated" and c.value == pytest.approx(0.15)
+    assert (c.low, c.high) == (0.1, 0.2)  # monotone-only: from the last probe within to the first below
+    # A first probe already below: between the anchor (0, 0) and it.
+    c = fit_crossing([_probe(0.2, down)], n_resamples=200)
+    assert c.value == pytest.approx(0.1)
+
+
+def test_violations_are_pooled_not_read_as_crossings():
+    rng = np.random.default_rng(1)
+    probes = [_probe(0.1, _differences(-0.015, 2000, rng)), _probe(0.2, _differences(0.0, 2000, rng))]
+    c = fit_crossing(probes)
+    # Raw points cross at 0.1 and come back; pooled, the two say about -0.75 points: within up to 0.2.
+    mean = np.mean(np.concatenate([p.difference for p in probes]))
+    assert (c.state == "censored") == (mean >= -TOL)
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.permutations(range(5)), st.floats(0.2, 1.0))
+def test_fit_ignores_probe_order_and_scales_with_the_fractions(order, scale):
+    rng = np.random.default_rng(5)
+    probes = [_probe(0.1 * (k + 1), _differences(-0.006 * k, 300, rng)) for k in range(5)]
+    c = fit_crossing(probes, n_resamples=200)
+    assert fit_crossing([probes[i] for i in order], n_resamples=200) == c
+    scaled = fit_crossing([_probe(p.fraction * scale, p.difference) for p in probes], n_resamples=200)
+    assert scaled.state == c.state
+    assert (scaled.value, scaled.low, scaled.high) == pytest.approx((c.value * scale, c.low * scale, c.high * scale))
+
+
+def test_no_heads_zeroed_is_not_applicable():
+    c = fit_crossing([_probe(0.0, np.zeros(100))])
+    assert c.state == "not_applicable" and math.isnan(c.value) and format_crossing(c) == "n/a"
+    assert fit_crossing([]).state == "not_applicable"
+
+
+def test_format():
+    est = Crossing("estimated", 0.123, 0.101, 0.14, False, 0.95, TOL)
+    assert format_crossing(est) == "12.3% [10.1, 14.0]" and format_crossing(est, interval=False) == "12.3%"
+    assert format_crossing(Crossing("estimated", 0.123, 0.101, 0.3, True, 0.95, TOL)) == "12.3% [10.1, > 30.0]"
+    cens = Crossing("censored", 0.34, 0.281, 0.34, True, 0.95, TOL)
+    assert format_crossing(cens, interval=False) == "> 34.0%" and format_crossing(cens) == "> 34.0% [28.1, > 34.0]"
+
+
+# --- the sequential test on one probe --------------------------------------------------------------------------------
+
+
+def _one_probe(mu: float, churn: float) -> Probe:
+    evaluate, base = _curve(lambda x: mu, churn=churn, seed=2)
+    return grid_crossing(evaluate, base, [0.3], sequential=True, n_resamples=10).probes[0]
+
+
+def test_a_probe_far_below_stops_within_a_few_blocks():
+    probe = _one_probe(-0.2, 0.1)
+    assert probe.decision == "below" and probe.stop == "decided" and len(probe.looks) <= 3
+    assert [look.decision for look in probe.looks][:-1] == ["undecided"] * (len(probe.looks) - 1)
+
+
+def test_a_probe_far_inside_stops_early():
+    probe = _one_probe(0.0, 0.01)  # few disagreements: the mean is pinned near 0, a point above the edge
+    assert probe.decision == "within" and probe.stop == "decided" and probe.items.size <= 1838 * 2 / 3
+
+
+def test_a_probe_at_the_edge_runs_to_the_budget():
+    probe = _one_probe(-TOL, 0.1)
+    assert probe.decision == "undecided" and probe.stop == "budget" and probe.items.size == 1838
+    assert [look.items for look in probe.looks] == [*range(100, 1838, 100), 1838]
+
+
+def test_items_come_in_blocks_of_one_seeded_order():
+    seen: list[np.ndarray] = []
+    evaluate, base = _curve(_power(0.2))
+
+    def spy(target: float, items: np.ndarray) -> Answer:
+        seen.append(items)
+        return evaluate(target, items)
+
+    grid_crossing(spy, base, [0.1], block_size=300, max_items=700, seed=4, n_resamples=10)
+    assert [s.size for s in seen] == [300, 300, 100]
+    assert np.array_equal(np.concatenate(seen), item_order(base.size, 4)[:700])
+
+
+def test_a_function_that_zeroes_no_heads_stops_after_one_block():
+    evaluate, base = _curve(lambda x: 0.0)
+    calls = []
+
+    def none(target: float, items: np.ndarray) -> Answer:
+        calls.append(target)
+        return Answer(evaluate(target, items).correct, 0.0)
+
+    result = search_crossing(none, base)
+    assert result.stop == "not_applicable" and result.crossing.state == "not_applicable" and calls == [0.9]
+
+
+def test_evaluate_must_answer_every_item():
+    _, base = _curve(lambda x: 0.0)
+    with pytest.raises(ValueError, match="answers for 100 items"):
+        search_crossing(lambda t, items: Answer(np.ones(3, dtype=bool), t), base)
+
+
+# --- the search on synthetic curves -----------------------------------------------------------------------------------
+
+
+def _steep(centre: float) -> Callable[[float], float]:
+    return lambda x: -0.2 / (1 + math.exp(-(x - centre) / 0.015))
+
+
+def _truth(mu: Callable[[float], float]) -> float:
+    xs = np.arange(0, 9001) / 1e4
+    below = np.array([mu(x) for x in xs]) < -TOL
+    return float(xs[np.argmax(below)]) if below.any() else math.inf
+
+
+@pytest.mark.parametrize(
+    ("name", "mu"),
+    [
+        ("steep", _steep(0.35)),
+        ("smooth", _power(0.25)),
+        # Half a point lost early, then flat, then the drop.
+        ("plateau", lambda x: -0.005 * min(1.0, x / 0.05) - 0.15 / (1 + math.exp(-(x - 0.45) / 0.015))),
+        # The true curve itself goes up and down by 0.4 points on its way down.
+        ("non-monotone", lambda x: _power(0.3)(x) + 0.004 * math.sin(2 * math.pi * x / 0.12) * min(1.0, x / 0.05)),
+    ],
+)
+def test_search_brackets_a_known_crossing(name, mu):
+    evaluate, base = _curve(mu, seed=7)
+    result = search_crossing(evaluate, base, seed=3)
+    truth, c = _truth(mu), result.crossing
+    assert c.state == "estimated" and _covers(c, truth), (name, truth, format_crossing(c))
+    assert abs(c.value - truth) < 0.1
+    # Probes far below the band stop early: the search costs less than its probes at full budget.
+    assert any(p.stop == "decided" and p.decision == "below" for p in result.probes)
+    assert result.items_evaluated < len(result.probes) * base.size
+
+
+def test_a_steep_crossing_is_pinned_down():
+    evaluate, base = _curve(_steep(0.2), seed=1)
+    c = search_crossing(evaluate, base, seed=1).crossing
+    assert c.high - c.low < 0.1 and _covers(c, _truth(_steep(0.2)))
+
+
+@pytest.mark.parametrize(("name", "mu"), [("flat", lambda x: 0.0), ("beyond the range", _power(1.3))])
+def test_a_curve_that_stays_in_the_band_is_censored(name, mu):
+    evaluate, base = _curve(mu, seed=2)
+    result = search_crossing(evaluate, base, seed=2)
+    c = result.crossing
+    assert c.state == "censored" and c.high_censored and c.value == max(p.fraction for p in result.probes)
+    assert format_crossing(c, interval=False) == f"> {100 * c.value:.1f}%"
+
+
+def test_the_grid_uses_the_same_estimator():
+    evaluate, base = _curve(_steep(0.17), seed=4)
+    grid = grid_crossing(evaluate, base, [0.05, 0.1, 0.15, 0.2, 0.25, 0.3], seed=4)
+    assert [p.target for p in grid.probes] == [0.05, 0.1, 0.15, 0.2, 0.25, 0.3] and grid.stop == "grid"
+    assert all(p.items.size == base.size for p in grid.probes)  # not sequential: every item
+    assert grid.crossing == fit_crossing(grid.probes, seed=5)
+    assert _covers(grid.crossing, _truth(_steep(0.17)))
+
+
+# --- determinism and resume -----------------------------------------------------------------------------------------
+
+
+def test_same_seed_same_result_and_the_seed_matters():
+    evaluate, base = _curve(_power(0.3), seed=5)
+    a, b = search_crossing(evaluate, base, seed=9), search_crossing(evaluate, base, seed=9)
+    assert _same(a, b)
+    assert not _same(a, search_crossing(evaluate, base, seed=10))
+
+
+def test_replaying_stored_answers_resumes_after_a_kill():
+    evaluate, base = _curve(_steep(0.3), seed=6)
+    store: dict[tuple[float, int], Answer] = {}
+    computed: list[tuple[float, int]] = []
+
+    def caching(limit: float) -> Callable[[float, np.ndarray], Answer]:
+        def call(target: float, items: np.ndarray) -> Answer:
+            key = (target, int(items[0]))  # the block's first item names the block
+            if key not in store:
+                if len(computed) >= limit:
+                    raise KeyboardInterrupt  # the kill
+                computed.append(key)
+                store[key] = evaluate(target, items)
+            return store[key]
+
+        return call
+
+    whole = search_crossing(evaluate, base, seed=1)
+    with pytest.raises(KeyboardInterrupt):
+        search_crossing(caching(25), base, seed=1)
+    assert len(store) == 25
+    resumed = search_crossing(caching(math.inf), base, seed=1)
+    assert _same(resumed, whole)
+    assert len(computed) == len(set(computed)) == sum(len(p.looks) for p in whole.probes)  # no block twice
+    # A pure replay, nothing new to evaluate, gives the same again.
+    assert _same(search_crossing(caching(len(computed)), base, seed=1), whole)
