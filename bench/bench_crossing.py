@@ -37,7 +37,7 @@ from pathlib import Path
 import numpy as np
 from _results import RESULTS, update_table  # bench/ is the script's directory, first on sys.path
 
-from inactive_heads.crossing import Answer, CrossingResult, grid_crossing, search_crossing
+from inactive_heads.stats.crossing import Answer, CrossingResult, grid_crossing, search_crossing
 
 SHAPES = ("steep", "smooth", "plateau", "bumpy", "censored", "flat")
 ITEMS = (1838, 2376)  # PIQA validation, ARC-Easy test

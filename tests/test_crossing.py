@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from inactive_heads.crossing import (
+from inactive_heads.stats.crossing import (
     Answer,
     Crossing,
     CrossingResult,
@@ -22,7 +22,7 @@ from inactive_heads.crossing import (
     item_order,
     search_crossing,
 )
-from inactive_heads.crossing import _isotonic_decreasing as isotonic
+from inactive_heads.stats.crossing import _isotonic_decreasing as isotonic
 
 TOL = 0.01
 
