@@ -179,7 +179,8 @@ def main() -> None:
         model_label = args.model_label or Path(args.model).name
     data = args.data_dir
 
-    from inactive_heads.evaluation.requests import _build, _max_length
+    from inactive_heads._compat import max_length as _max_length
+    from inactive_heads.evaluation.requests import _build
 
     if args.tasks:
         import lm_eval.models.huggingface  # noqa: F401  (imported before the first timed lm-eval run)

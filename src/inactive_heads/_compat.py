@@ -204,3 +204,13 @@ def linear_weight(layer: torch.nn.Module) -> torch.Tensor | None:
     if not isinstance(weight, torch.Tensor) or weight.dim() != 2:
         return None
     return weight.T if isinstance(layer, Conv1D) else weight
+
+
+def max_length(model: PreTrainedModel, tokenizer: Any = None) -> int:
+    """The longest sequence ``model`` takes, by lm-eval's HFLM.max_length precedence (2048 when nothing says)."""
+    for attr in ("n_positions", "max_position_embeddings", "n_ctx"):
+        value = getattr(model.config, attr, None)
+        if isinstance(value, int):
+            return value
+    limit = getattr(tokenizer, "model_max_length", None)
+    return limit if isinstance(limit, int) and limit < 1_000_000_000 else 2048

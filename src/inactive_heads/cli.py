@@ -97,9 +97,27 @@ def _eval_config(args: argparse.Namespace) -> EvalConfig:
     )
 
 
+def _check_before_loading(args: argparse.Namespace) -> None:
+    """Everything about a calibrate or sweep command that needs no model, checked before one loads (minutes for a
+    large model): the tasks and their data files, the score names, the targets."""
+    from .runs.jobs import score_names
+    from .stats.thresholds import DEFAULT_TARGETS, check_targets
+    from .tasks import get_task
+
+    _eval_config(args)  # its own checks (the generation mode, ...)
+    for name in filter(None, (args.task, args.calibration_task)):
+        get_task(name, args.data_dir, args.source)
+    if "scores" in args:
+        score_names(args.scores)
+        if args.targets is None:
+            args.targets = list(DEFAULT_TARGETS)
+        check_targets(args.targets)
+
+
 def _cmd_calibrate(args: argparse.Namespace) -> None:
     from .runs.jobs import calibrate
 
+    _check_before_loading(args)
     model, tok = _load(args)
     run_dir = args.run_dir or _default_run_dir(args)
     scores = calibrate(
@@ -157,6 +175,7 @@ def _print_table2(run_dir: Path) -> None:
 
 
 def _cmd_sweep(args: argparse.Namespace) -> None:
+    _check_before_loading(args)
     model, tok = _load(args)
     run_dir = args.run_dir or _default_run_dir(args)
     cells = _run_sweep(args, model, tok, run_dir)
@@ -221,6 +240,8 @@ def _cmd_study(args: argparse.Namespace) -> None:
     )
     if result.report is not None:
         print(f"report: {result.report.resolve()}")
+    elif args.report_only or not args.no_report:
+        print(f"no report written: {result.no_report}", file=sys.stderr)
 
 
 def _cmd_prune(args: argparse.Namespace) -> None:
@@ -230,13 +251,14 @@ def _cmd_prune(args: argparse.Namespace) -> None:
     from .scores import SCORE_FUNCTIONS
 
     # Everything that needs no model is checked before one loads (minutes for a large model).
-    check_fraction(args.fraction)
     if args.score not in SCORE_FUNCTIONS:
         raise UnknownNameError(f"unknown score {args.score!r}; registered: {', '.join(SCORE_FUNCTIONS)}")
     require_new_directory(args.out)
     rd = RunDir(args.run_dir)
+    run = rd.read_run()
+    check_fraction(args.fraction, run["n_layers"] * run["n_heads"])
     rd.read_calibration(args.score)
-    recorded = (rd.read_run().get("model") or {}).get("identity") or {}
+    recorded = (run.get("model") or {}).get("identity") or {}
     args.model = args.model or (recorded.get("source") or {}).get("spec")
     if not args.model:
         raise InactiveHeadsError(f"{args.run_dir} does not record where its model came from; pass --model")
@@ -277,6 +299,7 @@ def _cmd_demo(args: argparse.Namespace) -> None:
     args.model = args.model or _demo_model()
     out = Path(args.out)
     run_dir = args.run_dir or out / "runs" / slug(f"{Path(args.model).stem}-{args.task}")
+    _check_before_loading(args)
     model, tok = _load(args)
     _run_sweep(args, model, tok, run_dir)
     _print_table2(run_dir)
@@ -346,8 +369,6 @@ def _cmd_lm_eval(args: argparse.Namespace) -> None:
 
 
 def _add_run_options(p: argparse.ArgumentParser, *, model_required: bool = True, task: str | None = None) -> None:
-    from .generation import MODES
-
     p.add_argument("--model", required=model_required, help="hub id, local model directory or .gguf file")
     p.add_argument("--task", required=task is None, default=task, help="registered task (see `inactive-heads list`)")
     p.add_argument(
@@ -374,7 +395,6 @@ def _add_run_options(p: argparse.ArgumentParser, *, model_required: bool = True,
     p.add_argument(
         "--generation-mode",
         default="step",
-        choices=MODES,
         help="generative tasks: what a zeroing decision sees while decoding (recompute: the whole sequence, "
         "no KV cache; step: the new token's query, with a KV cache; running: running means over every position "
         "so far, with a KV cache; prompt: the prompt, decided once)",
@@ -382,14 +402,18 @@ def _add_run_options(p: argparse.ArgumentParser, *, model_required: bool = True,
     p.add_argument("--max-gen-toks", type=_count(1), default=None, help="generative tasks: cap on new tokens")
 
 
-def _add_sweep_options(p: argparse.ArgumentParser, scores: str, targets: Sequence[float]) -> None:
+def _add_sweep_options(p: argparse.ArgumentParser, scores: str, targets: Sequence[float] | None) -> None:
     p.add_argument("--scores", type=_score_names, default=scores, help="comma-separated score names, or all")
-    p.add_argument("--targets", type=_floats, default=list(targets), help="fractions of heads, e.g. 0,0.1,0.2")
+    p.add_argument(
+        "--targets", type=_floats, default=None if targets is None else list(targets),
+        help="fractions of heads, e.g. 0,0.1,0.2 (default: ih.DEFAULT_TARGETS)",
+    )  # fmt: skip
 
 
 def _parser() -> argparse.ArgumentParser:
+    # Nothing here imports torch: --help, --version and argument errors answer at once. Names that registries hold
+    # (executors, modes) are checked after parsing, before any model loads.
     from ._version import __version__
-    from .stats.thresholds import DEFAULT_TARGETS
 
     parser = argparse.ArgumentParser(
         prog="inactive-heads", description="Find attention heads that do nothing, zero them, measure the cost."
@@ -410,7 +434,7 @@ def _parser() -> argparse.ArgumentParser:
 
     p = add("sweep", "baseline + dynamic zeroing for every (score, target); resumable")
     _add_run_options(p)
-    _add_sweep_options(p, "all", DEFAULT_TARGETS)
+    _add_sweep_options(p, "all", None)
     p.set_defaults(fn=_cmd_sweep)
 
     p = add("report", "Markdown + self-contained HTML report (and cells.csv) over run directories")
@@ -429,12 +453,10 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0, help="bootstrap seed")
     p.set_defaults(fn=_cmd_compare)
 
-    from .studies.executors import EXECUTORS
-
     p = add("study", "every model x task x score x target of a study file, resumable, then one report")
     p.add_argument("study", type=Path, help="the study file (TOML; see the README)")
     p.add_argument("--out", type=Path, default=None, help="the study directory (default: studies/<name>)")
-    p.add_argument("--executor", default="local", choices=sorted(EXECUTORS), help="where jobs run (default: local)")
+    p.add_argument("--executor", default="local", help="where jobs run: local, ray or a plugin's (default: local)")
     p.add_argument("--address", default=None, help="Ray cluster to join (default: start a local Ray instance)")
     p.add_argument("--limit", type=_count(1), default=None, help="at most N items per task (a quick reduced study)")
     p.add_argument(

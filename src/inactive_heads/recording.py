@@ -9,6 +9,7 @@ from typing import Any
 import torch
 from transformers import PreTrainedModel
 
+from . import _compat
 from ._tensors import inverse_permutation, pad_right
 from .engine import watch
 from .errors import InactiveHeadsError
@@ -39,6 +40,14 @@ def record_scores(
         ids = [x[:max_length] for x in ids]
     if any(len(x) == 0 for x in ids):
         raise InactiveHeadsError("an input tokenised to zero tokens; remove empty texts")
+    limit = _compat.max_length(model, tokenizer)
+    longest = max((len(x) for x in ids), default=0)
+    if longest > limit:
+        # Past its trained positions a model (RoPE, learned positions) gives finite but meaningless scores.
+        raise InactiveHeadsError(
+            f"an input has {longest} tokens, more than the model's {limit} positions; pass max_length={limit} "
+            "(keeps each input's first tokens) or shorten the texts"
+        )
     # Longest first, so padding is small and the first batch shows whether memory suffices.
     order = sorted(range(len(ids)), key=lambda i: -len(ids[i]))
     # transformers types get_input_embeddings() as nn.Module, whose __getattr__ stub gives .weight as Tensor | Module.

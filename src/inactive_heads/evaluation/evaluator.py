@@ -8,6 +8,7 @@ from typing import Any
 
 from transformers import PreTrainedModel
 
+from .. import _compat
 from .._tensors import inverse_permutation
 from ..engine import Policy, watch
 from ..errors import InactiveHeadsError
@@ -16,7 +17,7 @@ from .batching import _run, _sharing
 from .config import EvalConfig
 from .generative import _evaluate_generative
 from .metrics import _accuracy, _check_finite, _gold_loglikelihood, _per_item, _predictions, _zeroed_fractions
-from .requests import _build, _chat_fn, _max_length
+from .requests import _build, _chat_fn
 from .result import EvalResult, _provenance, _timing
 
 __all__ = ["evaluate"]
@@ -57,7 +58,9 @@ def evaluate(
     if task.generation is not None:
         return _evaluate_generative(model, tokenizer, task, items, shots, config, policy, record, progress, t0)
     chat = _chat_fn(tokenizer) if config.apply_chat_template else None
-    seqs = _build(task, items, shots, tokenizer, _max_length(model, tokenizer), chat, config.fewshot_as_multiturn)
+    seqs = _build(
+        task, items, shots, tokenizer, _compat.max_length(model, tokenizer), chat, config.fewshot_as_multiturn
+    )
     t_build = time.perf_counter()
 
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (tokenizer.eos_token_id or 0)

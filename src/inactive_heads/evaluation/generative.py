@@ -16,6 +16,7 @@ from typing import Any
 import torch
 from transformers import PreTrainedModel
 
+from .. import _compat
 from .._tensors import pad_left
 from ..engine import Policy, watch
 from ..errors import InactiveHeadsError
@@ -23,7 +24,7 @@ from ..generation import generate_until
 from ..tasks import FEWSHOT_SEED, Extraction, Generation, Item, Task
 from .config import EvalConfig
 from .metrics import _zeroed_fractions
-from .requests import _chat_fn, _encode, _max_length
+from .requests import _chat_fn, _encode
 from .result import EvalResult, _provenance, _timing
 
 __all__: list[str] = []
@@ -89,7 +90,7 @@ def _evaluate_generative(
     max_gen = config.max_gen_toks or spec.max_gen_toks
     texts = _prompts(task, items, shots, config, tokenizer)
     # lm-eval truncates the context from the left to leave room for the generated tokens.
-    room = _max_length(model, tokenizer) - max_gen
+    room = _compat.max_length(model, tokenizer) - max_gen
     if room <= 0:
         raise InactiveHeadsError(f"max_gen_toks={max_gen} leaves no room for a prompt in the model's context")
     prompts = [p[-room:] for p in _encode(tokenizer, texts)]

@@ -13,8 +13,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from transformers import PreTrainedModel
-
 from ..errors import InactiveHeadsError
 from ..tasks import FEWSHOT_SEED, Item, Task, subset
 from .config import EvalConfig
@@ -60,16 +58,6 @@ def _split_pairs(pairs: list[tuple[str, str]]) -> tuple[list[str], list[str]]:
         ctxs.append(ctx)
         wholes.append(ctx + cont)
     return ctxs, wholes
-
-
-def _max_length(model: PreTrainedModel, tokenizer: Any) -> int:
-    # Same precedence as lm-eval's HFLM.max_length.
-    for attr in ("n_positions", "max_position_embeddings", "n_ctx"):
-        value = getattr(model.config, attr, None)
-        if isinstance(value, int):
-            return value
-    limit = getattr(tokenizer, "model_max_length", None)
-    return limit if isinstance(limit, int) and limit < 1_000_000_000 else 2048
 
 
 def _build(

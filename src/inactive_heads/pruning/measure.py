@@ -55,10 +55,16 @@ class PruneResult:
         )
 
 
-def check_fraction(fraction: object) -> float:
-    """``fraction`` as a float in (0, 1); InactiveHeadsError otherwise (checked before any model loads)."""
+def check_fraction(fraction: object, n_heads: int | None = None) -> float:
+    """``fraction`` as a float in (0, 1) that removes at least one of ``n_heads`` heads (when given);
+    InactiveHeadsError otherwise. Needs no model, so a command checks it before one loads."""
     if isinstance(fraction, bool) or not isinstance(fraction, (int, float)) or not 0.0 < fraction < 1.0:
         raise InactiveHeadsError(f"the fraction of heads to remove must be a number in (0, 1), got {fraction!r}")
+    if n_heads is not None and round(fraction * n_heads) == 0:
+        raise InactiveHeadsError(
+            f"a fraction of {fraction:g} removes none of the model's {n_heads} heads; use a fraction >= "
+            f"{0.5 / n_heads:.2g}"
+        )
     return float(fraction)
 
 
@@ -82,15 +88,11 @@ def prune_and_measure(
     evaluation settings (``limit`` items if given)."""
     rd = RunDir(run_dir)
     run = rd.read_run()
-    fraction = check_fraction(fraction)
+    check_model(run, model)
+    fraction = check_fraction(fraction, run["n_layers"] * run["n_heads"])
     out = Path(out)
     require_new_directory(out)
-    check_model(run, model)
     mask = static_mask(rd.read_calibration(score), score=score, fraction=fraction)
-    if not mask.any():
-        raise InactiveHeadsError(
-            f"a fraction of {fraction:g} removes no head of {mask.numel()}; use a fraction >= {0.5 / mask.numel():.3g}"
-        )
     pruned = prune_heads(copy.deepcopy(model), mask)
     save_pruned(pruned, out, tokenizer)
 

@@ -336,6 +336,11 @@ class RunDir:
             return False
         old = json.loads(self.run_path.read_text(encoding="utf-8"))
         diff = [k for k in _RUN_MATCH if json.dumps(old.get(k), sort_keys=True) != json.dumps(run[k], sort_keys=True)]
+        if diff == ["model"] and (old.get("model") or {}).get("identity") == (run["model"] or {}).get("identity"):
+            raise InactiveHeadsError(
+                f"{self.root} holds this run under the model name {old['model'].get('name')!r}, not "
+                f"{run['model'].get('name')!r}; give that name (--name) or use a new run directory"
+            )
         if diff:
             raise InactiveHeadsError(f"{self.root} holds a different run (differs in {diff}); use a new run directory")
         return True

@@ -26,7 +26,7 @@ from ..tasks import Task, get_task, heldout
 from .directory import Cell, RunDir, display_name, model_identity, run_digest, run_record, task_fingerprint
 from .store import cell_key
 
-__all__ = ["CalibrationItems", "PlannedCell", "calibrate", "compute_cell", "plan_cells", "sweep"]
+__all__ = ["CalibrationItems", "PlannedCell", "calibrate", "compute_cell", "plan_cells", "score_names", "sweep"]
 
 #: Which items a calibration records: the evaluated ones (the paper's protocol) or others of the same task.
 CalibrationItems = Literal["same", "heldout"]
@@ -157,7 +157,8 @@ class PlannedCell:
     threshold: float | None
 
 
-def _score_names(scores: str | Sequence[str]) -> list[str]:
+def score_names(scores: str | Sequence[str]) -> list[str]:
+    """The registered score names ``scores`` stands for ("all", one name, or names); UnknownNameError otherwise."""
     names = list(SCORE_FUNCTIONS) if scores == "all" else [scores] if isinstance(scores, str) else list(scores)
     if not names:
         raise InactiveHeadsError("no score functions given; pass score names or 'all'")
@@ -223,7 +224,7 @@ def plan_cells(
     and read back from it, so the calibration scores are needed only for thresholds not recorded yet. Scores
     registered after calibrating are derived from the recorded raw statistics and saved with the calibration.
     """
-    names = _score_names(scores)
+    names = score_names(scores)
     ps = check_targets(targets)
     rd = RunDir(run_dir)
     thresholds = _planned_thresholds(rd, names, ps)
@@ -315,7 +316,7 @@ def sweep(
     Returns all cells of the grid (baseline first).
     """
     config = EvalConfig.from_options(config, **options)
-    names = _score_names(scores)
+    names = score_names(scores)
     ps = check_targets(targets)  # before calibrate writes anything
     task_obj = _task(task, config)
     config = config.replace(shots=config.shots_for(task_obj))

@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import gc
 import os
+import socket
 import sys
 from abc import ABC, abstractmethod
 from collections import deque
@@ -184,6 +185,7 @@ class RayExecutor(Executor):
     name = "ray"
 
     def __init__(self, address: str | None = None, *, max_restarts: int = 3, **init: Any):
+        _check_reachable(address)
         self.address = address
         self.max_restarts = max_restarts
         self.init = init
@@ -265,6 +267,29 @@ class RayExecutor(Executor):
                 for actor in group_actors:
                     with contextlib.suppress(Exception):
                         ray.kill(actor)
+
+
+def _check_reachable(address: str | None, timeout: float = 5.0) -> None:
+    """InactiveHeadsError unless the cluster at ``address`` accepts a TCP connection within ``timeout`` seconds.
+
+    Ray retries an unreachable address for ever, printing a warning every half minute; on a SLURM allocation a
+    mistyped address would burn the whole allocation. ``auto`` is probed where ``$RAY_ADDRESS`` names the cluster.
+    """
+    if address == "auto":
+        address = os.environ.get("RAY_ADDRESS") or None
+    if address is None or address in ("local", "auto"):
+        return
+    hostport = address.removeprefix("ray://")
+    host, sep, port = hostport.rpartition(":")
+    if not sep or not port.isdigit():
+        raise InactiveHeadsError(f"Ray address {address!r} is not host:port, ray://host:port or auto")
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout).close()
+    except OSError as e:
+        raise InactiveHeadsError(
+            f"cannot reach a Ray cluster at {address} ({e.strerror or e}); start one there (ray start --head) or "
+            "fix --address"
+        ) from None
 
 
 def _get(ray: Any, ref: Any, group: WorkerGroup) -> Any:

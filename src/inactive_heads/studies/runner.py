@@ -17,6 +17,7 @@ loaded.
 from __future__ import annotations
 
 import os
+import shutil
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -43,7 +44,8 @@ _CACHE_ENV = "INACTIVE_HEADS_CACHE"
 @dataclass
 class StudyResult:
     """What :func:`study` did: where everything is (``runs``: each run's directory by its name; one (model, task)
-    calibrated several ways has a run each), and how many cells it evaluated or found stored."""
+    calibrated several ways has a run each), and how many cells it evaluated or found stored. ``report``: the HTML
+    report written, or None with the reason in ``no_report``."""
 
     out: Path
     runs: dict[str, Path]
@@ -53,6 +55,7 @@ class StudyResult:
     calibrated: int
     report: Path | None
     seconds: float
+    no_report: str | None = None
 
 
 @dataclass(frozen=True)
@@ -120,6 +123,13 @@ class _LoadModel:
             _model_path(self.model), getattr(torch, self.model.dtype), device_map=self.model.device_map
         )
         return _Worker(model, tokenizer)
+
+
+def _check_model_source(model: StudyModel) -> None:
+    """InactiveHeadsError when the model's package or local file is missing (a hub id is found only when loaded)."""
+    path = _model_path(model)
+    if (model.package is not None or path.endswith(".gguf")) and not Path(path).is_file():
+        raise InactiveHeadsError(f"model {model.name}: {path} is not a file; fix its spec in the study file")
 
 
 def _model_path(model: StudyModel) -> str:
@@ -323,7 +333,10 @@ def study(
     runner = _executor(executor, address)
     data_dir = spec.data_dir or os.environ.get(DATA_ENV) or None  # resolved here: workers may not share the env
 
-    # Every task is loaded here first, so a missing data file fails before any model is loaded.
+    # Every model file and task is found here first, so a missing file or package fails before any model loads.
+    for m in spec.models:
+        if models is None or m.name in models:
+            _check_model_source(m)
     for t in spec.tasks:
         for name in filter(None, (t.name, t.calibration_task)):
             get_task(name, data_dir, t.source)
@@ -367,16 +380,17 @@ def study(
             bar.update(1)
         return []
 
-    with runner:
-        if progress:
-            bar = runner.bar(plan.total, f"study {spec.name}", initial=plan.reused)
-        try:
-            runner.run(groups, on_result)
-        finally:
-            if bar is not None:
-                bar.close()
+    if any(g.jobs for g in groups):  # nothing to run: no executor is started (a Ray instance takes ~40 s)
+        with runner:
+            if progress:
+                bar = runner.bar(plan.total, f"study {spec.name}", initial=plan.reused)
+            try:
+                runner.run(groups, on_result)
+            finally:
+                if bar is not None:
+                    bar.close()
 
-    report_path = None
+    report_path, no_report = None, None if report else "not asked for"
     if report:
         from ..report.writer import write_study_report
 
@@ -393,6 +407,10 @@ def study(
                 pairs=spec.pairs,
                 series=spec.series,
             )
+        else:
+            # A report of an earlier form of the study must not outlive it beside the new study.json.
+            shutil.rmtree(out / "report", ignore_errors=True)
+            no_report = "no run of the study has a stored baseline yet; run the study (not --report-only) first"
     return StudyResult(
         out=out,
         runs={r.dir.name: r.dir for r in runs},
@@ -401,5 +419,6 @@ def study(
         reused=plan.reused,
         calibrated=plan.calibrated,
         report=report_path,
+        no_report=no_report,
         seconds=time.perf_counter() - t0,
     )
