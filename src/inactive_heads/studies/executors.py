@@ -163,10 +163,11 @@ class _ModelWorker:
 
 
 def _ray_bar(total: int, desc: str) -> Any:
-    # Ray's distributed tqdm: the driver draws it, beneath its own bar, prefixed with this worker's pid.
-    from ray.experimental import tqdm_ray
+    # No bar per job on a worker: Ray's log forwarding drew each of them 2-4 times on the driver, and with rates of
+    # the forwarding's bursts, not of the work. The driver's bar advances per finished cell.
+    from tqdm.auto import tqdm
 
-    return tqdm_ray.tqdm(total=total, desc=desc, unit="seq")
+    return tqdm(total=total, desc=desc, disable=True)
 
 
 @register_executor
@@ -190,14 +191,6 @@ class RayExecutor(Executor):
         self.max_restarts = max_restarts
         self.init = init
         self._started = False
-
-    def bar(self, total: int, desc: str, initial: int = 0) -> Any:
-        # Ray's bar, so that the workers' bars (over the sequences of their job) show beneath it.
-        from ray.experimental import tqdm_ray
-
-        bar = tqdm_ray.tqdm(total=total, desc=desc, unit="cell")
-        bar.n = initial
-        return bar
 
     def __enter__(self) -> RayExecutor:
         ray = _import_ray()
