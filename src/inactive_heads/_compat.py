@@ -35,7 +35,7 @@ def register_attention(name: str, fn: Callable[..., tuple[torch.Tensor, None]]) 
 
 def attn_implementation(model: PreTrainedModel) -> str | None:
     """The attention implementation ``model`` runs now (``"sdpa"``, ``"eager"``, a registered name)."""
-    return model.config._attn_implementation
+    return cast(str | None, model.config._attn_implementation)
 
 
 def can_set_attn_implementation(model: PreTrainedModel) -> bool:

@@ -8,6 +8,7 @@ import shutil
 import socket
 import tempfile
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlparse
 
 import torch
@@ -39,7 +40,10 @@ def file_sha256(path: str | Path) -> str:
 
 
 def load_model(
-    spec: str | os.PathLike, dtype: torch.dtype = torch.float32, *, device_map: str | dict | None = None
+    spec: str | os.PathLike[str],
+    dtype: torch.dtype = torch.float32,
+    *,
+    device_map: str | dict[str, Any] | None = None,
 ) -> tuple[transformers.PreTrainedModel, transformers.PreTrainedTokenizerBase]:
     """``(model, tokenizer)`` from a hub id, a local HF directory or a ``.gguf`` file; the model is in eval mode.
 
@@ -85,7 +89,7 @@ def load_model(
 
 
 def _load_pruned(
-    source: Path, config: transformers.PretrainedConfig, dtype: torch.dtype, device_map: str | dict | None
+    source: Path, config: transformers.PretrainedConfig, dtype: torch.dtype, device_map: str | dict[str, Any] | None
 ) -> transformers.PreTrainedModel:
     if device_map is not None and not (isinstance(device_map, str) and device_map != "auto"):
         raise UnsupportedModelError(
@@ -112,7 +116,10 @@ def _hub_reachable(timeout: float = 3.0) -> bool:
 
 def _config(source: str | Path, offline: bool = False) -> transformers.PretrainedConfig:
     try:
-        return transformers.AutoConfig.from_pretrained(source, local_files_only=offline)
+        config: transformers.PretrainedConfig = transformers.AutoConfig.from_pretrained(
+            source, local_files_only=offline
+        )
+        return config
     except (OSError, ValueError) as err:
         if offline:
             from huggingface_hub import constants
@@ -139,7 +146,7 @@ _ENCODER_HEADS = (
 )
 
 
-def _check_decoder(spec: str | os.PathLike, config: transformers.PretrainedConfig) -> None:
+def _check_decoder(spec: str | os.PathLike[str], config: transformers.PretrainedConfig) -> None:
     """Refuse, from the config alone, what is not a decoder-only language model."""
     if not _compat.loads_as_causal_lm(config) or getattr(config, "is_encoder_decoder", False):
         raise InactiveHeadsError(

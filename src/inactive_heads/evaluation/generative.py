@@ -39,7 +39,7 @@ def _extract(text: str, ex: Extraction) -> str:
     if isinstance(match, tuple):
         parts = [m for m in match if m]
         match = parts[0] if parts else ex.fallback
-    return match.strip()
+    return str(match).strip()
 
 
 def _exact_match(prediction: str, reference: str, spec: Generation) -> float:

@@ -121,9 +121,9 @@ def _chat_fn(tokenizer: Any) -> Callable[[list[dict[str, str]]], str]:
         # lm-eval HFLM.apply_chat_template, including its retry without the system turn.
         kw = {"tokenize": False, "add_generation_prompt": True, "continue_final_message": False}
         try:
-            return tokenizer.apply_chat_template(messages, **kw)
+            return str(tokenizer.apply_chat_template(messages, **kw))
         except Exception:
-            return tokenizer.apply_chat_template([m for m in messages if m["role"] != "system"], **kw)
+            return str(tokenizer.apply_chat_template([m for m in messages if m["role"] != "system"], **kw))
 
     return render
 

@@ -25,7 +25,7 @@ def require_new_directory(directory: Path) -> None:
         raise FileExistsError(f"{directory} exists and is not empty; choose a new directory or remove it first")
 
 
-def save_pruned(model: PreTrainedModel, directory: str | os.PathLike, tokenizer: Any = None) -> Path:
+def save_pruned(model: PreTrainedModel, directory: str | os.PathLike[str], tokenizer: Any = None) -> Path:
     """Save a pruned ``model`` (and ``tokenizer``) to ``directory``, for :func:`inactive_heads.load_model`.
 
     The directory is a Hugging Face checkpoint whose config records the removed heads (``inactive_heads_pruned_heads``)
@@ -55,7 +55,7 @@ def save_pruned(model: PreTrainedModel, directory: str | os.PathLike, tokenizer:
     return directory
 
 
-def load_pruned(directory: str | os.PathLike, config: Any, dtype: torch.dtype) -> PreTrainedModel:
+def load_pruned(directory: str | os.PathLike[str], config: Any, dtype: torch.dtype) -> PreTrainedModel:
     """The pruned model saved in ``directory`` by :func:`save_pruned` (``config`` is its loaded config)."""
     import transformers
     from safetensors.torch import load_file
@@ -64,7 +64,7 @@ def load_pruned(directory: str | os.PathLike, config: Any, dtype: torch.dtype) -
     if removed is None:
         raise InactiveHeadsError(f"{directory} is not a pruned checkpoint (its config records no removed heads)")
     with _compat.no_init_weights():
-        model = transformers.AutoModelForCausalLM.from_config(config, dtype=dtype)
+        model: PreTrainedModel = transformers.AutoModelForCausalLM.from_config(config, dtype=dtype)
     n_layers, n_heads = _compat.model_shape(model)
     if len(removed) != n_layers:
         raise InactiveHeadsError(

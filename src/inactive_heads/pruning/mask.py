@@ -21,7 +21,7 @@ from ..stats.thresholds import thresholds_from_cdf
 
 __all__ = ["HeadInactivity", "ScoresSource", "head_inactivity", "static_mask"]
 
-ScoresSource = HeadScores | str | os.PathLike
+ScoresSource = HeadScores | str | os.PathLike[str]
 
 
 # --- choosing the mask -------------------------------------------------------------------------------------------

@@ -79,6 +79,8 @@ class _NormThenSelect(torch.nn.Module):
     attention and output-projection columns go.
     """
 
+    index: torch.Tensor  # a buffer: follows .to(device)
+
     def __init__(self, norm: torch.nn.Module, index: torch.Tensor):
         super().__init__()
         self.norm = norm
@@ -86,7 +88,8 @@ class _NormThenSelect(torch.nn.Module):
         self.register_buffer("index", index.to(device), persistent=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.norm(x).index_select(-1, self.index)
+        normed: torch.Tensor = self.norm(x)
+        return normed.index_select(-1, self.index)
 
 
 def _joint_norm(module: torch.nn.Module, name: str, width: int) -> torch.nn.Module | None:

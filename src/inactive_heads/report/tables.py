@@ -56,7 +56,8 @@ def _correct(cell: dict[str, Any], ids: list[Any] | None) -> np.ndarray | None:
     per_item = cell.get("per_item")
     if per_item is None or (ids is not None and per_item.get("ids") != ids):
         return None
-    return np.asarray(per_item["pred"]) == np.asarray(per_item["gold"])
+    correct: np.ndarray = np.asarray(per_item["pred"]) == np.asarray(per_item["gold"])
+    return correct
 
 
 def run_bootstrap(run: RunData, n_resamples: int = 1000, seed: int = 0) -> Bootstrap | None:

@@ -26,6 +26,7 @@ import json
 import os
 import re
 import warnings
+from collections.abc import Callable
 from dataclasses import MISSING, asdict, dataclass, field, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -117,7 +118,7 @@ def display_name(identity: dict[str, Any]) -> str:
     # A GGUF loads from a cache directory; the name users know is the file's (or directory's) own.
     spec = (identity["source"] or {}).get("spec") or identity["name_or_path"]
     if not spec:
-        return identity["class"]
+        return str(identity["class"])
     path = Path(str(spec).rstrip("/"))
     return path.stem if path.suffix == ".gguf" else path.name if path.exists() else str(spec)
 
@@ -175,6 +176,17 @@ def run_digest(run: dict[str, Any]) -> str:
     return hashlib.sha256(canonical_json(match).encode()).hexdigest()[:16]
 
 
+def _json_object(path: Path) -> dict[str, Any]:
+    """The JSON object stored at ``path``; InactiveHeadsError naming the file when it holds something else."""
+    try:
+        value = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as e:
+        raise InactiveHeadsError(f"{path} is not valid JSON ({e}); restore it or use a new run directory") from None
+    if not isinstance(value, dict):
+        raise InactiveHeadsError(f"{path} holds a JSON {type(value).__name__}, not an object; remove or restore it")
+    return value
+
+
 def _is_number(v: Any) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool)
 
@@ -183,7 +195,7 @@ def _is_numbers(v: Any) -> bool:
     return isinstance(v, list) and all(_is_number(x) for x in v)
 
 
-_CELL_TYPES = {
+_CELL_TYPES: dict[str, Callable[[Any], bool]] = {
     "score": lambda v: v is None or isinstance(v, str),
     "target": lambda v: v is None or _is_number(v),
     "threshold": lambda v: v is None or _is_number(v),
@@ -325,7 +337,7 @@ class RunDir:
         """The run record; FileNotFoundError when this is not a run directory."""
         if not self.run_path.is_file():
             raise FileNotFoundError(f"{self.root} is not a run directory: no run.json")
-        return json.loads(self.run_path.read_text(encoding="utf-8"))
+        return _json_object(self.run_path)
 
     def check_run(self, run: dict[str, Any]) -> bool:
         """Whether ``run.json`` exists; ValueError when it describes another run (naming what differs)."""
@@ -364,7 +376,7 @@ class RunDir:
         """The calibration's meta record; None when no calibration has completed."""
         if not self.meta_path.is_file():
             return None
-        return json.loads(self.meta_path.read_text(encoding="utf-8"))
+        return _json_object(self.meta_path)
 
     def write_meta(self, meta: dict[str, Any]) -> None:
         """Write the calibration's meta record: after the scores, as it marks the calibration complete."""
@@ -374,7 +386,7 @@ class RunDir:
         """The thresholds record (see the module docstring); empty when none is written yet."""
         if not self.thresholds_path.is_file():
             return {}
-        return json.loads(self.thresholds_path.read_text(encoding="utf-8"))
+        return _json_object(self.thresholds_path)
 
     def write_thresholds(self, record: dict[str, Any]) -> None:
         atomic_write_json(self.thresholds_path, record)

@@ -183,7 +183,7 @@ def _planned_thresholds(rd: RunDir, names: list[str], ps: list[float]) -> dict[s
 
     def entry(name: str) -> dict[str, Any]:  # the score's entry, emptied when its definition has changed
         fingerprint = SCORE_FUNCTIONS[name].fingerprint
-        found = record["scores"].get(name)
+        found: dict[str, Any] | None = record["scores"].get(name)
         if found is None or found.get("definition") != fingerprint:
             found = record["scores"][name] = {"definition": fingerprint, "targets": {}}
         return found

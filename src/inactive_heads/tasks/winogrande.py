@@ -9,6 +9,7 @@ drawn from dev, excluding the scored item.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from . import Item, Task, register_task
 from ._data import DataError, convert, field, hub_rows, read_jsonl, read_lines, require, resolve_dir
@@ -55,7 +56,7 @@ def winogrande(data_dir: Path | None, source: str) -> Task:
         else:
             labels = None
 
-        def row_item(row: dict, where: str) -> Item:
+        def row_item(row: dict[str, Any], where: str) -> Item:
             answer = field(row, "answer", path, where)
             if labels is not None and labels[row["_line"] - 1] != answer:
                 raise DataError(
