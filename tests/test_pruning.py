@@ -271,12 +271,13 @@ def test_static_mask_from_a_run_directory(tmp_path):
     model = _model("llama")
     scores = ih.record_scores(model, _TOKENIZER, TEXTS * 3)
     scores.save(RunDir(tmp_path).scores_path)
+    RunDir(tmp_path).write_meta({"rows": scores.shape[0]})  # marks the calibration complete
     from_dir = ih.static_mask(tmp_path, score="ahon_ln", fraction=0.25)
     assert torch.equal(from_dir, ih.static_mask(scores, score="ahon_ln", fraction=0.25))
     assert from_dir.sum() == 3
     # The derived score of a registered function needs no new forward.
     assert ih.static_mask(ih.HeadScores({"ahon": scores["ahon"]}), score="ahon_ln", fraction=0.25).equal(from_dir)
-    with pytest.raises(FileNotFoundError, match="calibrate"):
+    with pytest.raises(ih.InactiveHeadsError, match="no finished calibration; run `inactive-heads calibrate"):
         ih.static_mask(tmp_path / "missing", score="ahon_ln", fraction=0.25)
 
 
