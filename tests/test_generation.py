@@ -119,6 +119,23 @@ def test_a_flip_re_runs_only_the_rows_that_flipped(tok):
     assert min(map(len, got.tokens)) < 10 and sizes == sorted(sizes, reverse=True) and sizes[-1] < 5
 
 
+@pytest.mark.parametrize(("score", "cached"), [("awft", False), ("avvn_ln", False), ("ahon", True)])
+def test_key_statistics_over_a_sliding_window_re_run_every_pass(tok, score, cached):
+    """Over Gemma-3's 5-token window a one-token step sees only the window's keys, where a whole pass has queries
+    that read every key (the first key of AWFT and FTVVN, all of AVVN): such a policy re-runs the sequence at every
+    step. Statistics of the queries (AHON) keep the cache."""
+    model, thresholds = _arch("gemma3")
+    lengths: list[int] = []
+    hook = model.register_forward_pre_hook(lambda _, args, kw: lengths.append(kw["input_ids"].shape[1]),
+                                           with_kwargs=True)  # fmt: skip
+    try:
+        generate_until(model, tok, _ids(tok, FIVE), until=["\x00never"], max_gen_toks=6, batch_size=5,
+                       policy=Policy(score=score, threshold=thresholds[score]), mode="recompute")  # fmt: skip
+    finally:
+        hook.remove()
+    assert len(lengths) >= 6 and (1 in lengths) == cached
+
+
 @pytest.mark.slow
 def test_cached_recompute_equals_re_running_every_pass_on_smollm2(data_dir, smollm2):
     """8 GSM8K questions without the few-shot block, where decisions flip at many steps, under AHON (LN) zeroing
