@@ -9,13 +9,19 @@ script is run again. Then:
   unintervened generation (the report's cascade table, :func:`inactive_heads.report.tables.cascade_table`);
 * ``bench_generation_speed``: tokens/s of transformers' ``generate`` (batched, left-padded, greedy) and of
   inactive-heads' generation without a policy and in each mode under AHON (LN), on ``--speed-prompts`` prompts
-  with ``--speed-tokens`` new tokens (``--recompute-tokens`` for ``recompute``), one after the other in this process;
+  with ``--speed-tokens`` new tokens, one after the other in this process;
+* ``bench_generation_recompute``: ``recompute`` (cached) against re-running every pass (the naive
+  ``recompute``), ``running`` and transformers' ``generate``, per score of ``--recompute-scores`` at
+  ``--speed-target`` and per budget of ``--recompute-tokens``: new tokens/s, the share of decoding steps at which
+  some decision flipped (each re-runs its row), and whether the cached tokens equal the naive ones;
 * a report over the runs in ``--out/report`` (its generation section is the same table).
 
     python bench/bench_generation.py --model FILE.gguf [--limit 20] [--max-gen-toks 128] [--modes step running]
     python bench/bench_generation.py --model FILE.gguf ... --write   # render what is stored so far
     python bench/bench_generation.py --model FILE.gguf --modes recompute running prompt --targets 0.1 0.2 \
         --device cuda --dtype bfloat16 --batch-size 32   # the full cascade on a GPU
+    python bench/bench_generation.py --model FILE.gguf --recompute-only --recompute-tokens 64 256
+    python bench/bench_generation.py --model FILE.gguf --quick   # both speed tables, 2 prompts, 8 tokens, printed
 """
 
 from __future__ import annotations
@@ -30,7 +36,7 @@ from _results import RESULTS, update_table  # bench/ is the script's directory, 
 import inactive_heads as ih
 from inactive_heads._tensors import pad_left
 from inactive_heads.evaluation.generative import _encode, _prompts
-from inactive_heads.generation import MODES, generate_until
+from inactive_heads.generation import MODES, NAIVE_RECOMPUTE, Generated, generate_until
 from inactive_heads.report.tables import cascade_table
 from inactive_heads.runs.directory import load_run, slug
 from inactive_heads.tasks import get_task, subset
@@ -38,55 +44,101 @@ from inactive_heads.tasks import get_task, subset
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def _speed(model, tok, args: argparse.Namespace) -> list[list[str]]:
-    """Tokens/s of transformers' generate, of generate_until without a policy and of each mode under AHON (LN) at
-    the threshold that zeroes ``--speed-target`` of the heads on these prompts; each on the same prompts and batch
-    size, one after the other, against transformers' generate with the same token budget (``recompute``, which re-runs
-    every prefix, has its own smaller budget)."""
-    task = get_task("gsm8k", args.data_dir)
-    items = subset(task.items, args.speed_prompts, 0)
-    config = ih.EvalConfig(limit=args.speed_prompts, data_dir=args.data_dir)
-    prompts = _encode(tok, _prompts(task, items, config.shots_for(task), config, tok))
-    spec = task.generation
-    assert spec is not None
-    pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
+class _SpeedPrompts:
+    """The speed tables' GSM8K prompts (``--speed-prompts`` items, ``--shots`` or the task's few-shot block), and
+    what runs on them: transformers' generate and policies calibrated on them."""
 
-    def hf_generate(budget: int) -> float:
+    def __init__(self, model, tok, args: argparse.Namespace):
+        task = get_task("gsm8k", args.data_dir)
+        items = subset(task.items, args.speed_prompts, 0)
+        config = ih.EvalConfig(limit=args.speed_prompts, data_dir=args.data_dir, shots=args.shots)
+        self.shots = config.shots_for(task)
+        self.prompts = _encode(tok, _prompts(task, items, self.shots, config, tok))
+        assert task.generation is not None
+        self.spec = task.generation
+        self.model, self.tok, self.batch_size = model, tok, args.batch_size
+        self.scores = ih.record_scores(model, None, self.prompts, batch_size=args.batch_size)
+
+    def hf_generate(self, budget: int) -> float:
+        """New tokens/s of transformers' generate (batched, left-padded, greedy, the task's stop strings)."""
+        pad = self.tok.pad_token_id if self.tok.pad_token_id is not None else self.tok.eos_token_id
         new_tokens, start = 0, time.perf_counter()
         with torch.no_grad():
-            for i in range(0, len(prompts), args.batch_size):
-                ids, mask, _ = pad_left(prompts[i : i + args.batch_size], pad_id=pad)
-                out = model.generate(
+            for i in range(0, len(self.prompts), self.batch_size):
+                ids, mask, _ = pad_left(self.prompts[i : i + self.batch_size], pad_id=pad)
+                out = self.model.generate(
                     input_ids=ids, attention_mask=mask, max_new_tokens=budget, do_sample=False,
-                    pad_token_id=pad, stop_strings=list(spec.until), tokenizer=tok,
+                    pad_token_id=pad, stop_strings=list(self.spec.until), tokenizer=self.tok,
                 )  # fmt: skip
                 new_tokens += int((out[:, ids.shape[1] :] != pad).sum())
         return new_tokens / (time.perf_counter() - start)
 
-    scores = ih.record_scores(model, None, prompts, batch_size=args.batch_size)["ahon_ln"]
-    threshold = ih.thresholds_from_cdf(scores, ih.SCORE_FUNCTIONS["ahon_ln"].inactive_when, [args.speed_target])[0]
-    policy = ih.Policy(score="ahon_ln", threshold=threshold)
-    label, target = args.name or Path(args.model).stem, f"AHON (LN) at {args.speed_target:g}"
-    rows = []
-    for budget, runs in (
-        (
-            args.speed_tokens,
-            [("no policy", None, "step")] + [(f"{m}, {target}", policy, m) for m in ("step", "running", "prompt")],
-        ),
-        (args.recompute_tokens, [(f"recompute, {target}", policy, "recompute")]),
-    ):
-        hf_rate = hf_generate(budget)  # the baseline of every row with this token budget
-        rows.append(
-            [label, "transformers generate (KV cache)", str(len(prompts)), str(budget), f"{hf_rate:.1f}", "1.00x"]
-        )
-        for name, pol, mode in runs:
-            got = generate_until(
-                model, tok, prompts, until=spec.until, max_gen_toks=budget, batch_size=args.batch_size, policy=pol,
-                mode=mode,
-            )  # fmt: skip
-            rows.append([label, f"inactive-heads: {name}", str(len(prompts)), str(budget), f"{got.tokens_per_s:.1f}",
-                         f"{got.tokens_per_s / hf_rate:.2f}x"])  # fmt: skip
+    def policy(self, score: str, target: float) -> ih.Policy:
+        """``score`` at the threshold that zeroes ``target`` of the heads on these prompts."""
+        side = ih.SCORE_FUNCTIONS[score].inactive_when
+        return ih.Policy(score=score, threshold=ih.thresholds_from_cdf(self.scores[score], side, [target])[0])
+
+    def generate(self, budget: int, policy: ih.Policy | None, mode: str) -> Generated:
+        return generate_until(
+            self.model, self.tok, self.prompts, until=self.spec.until, max_gen_toks=budget,
+            batch_size=self.batch_size, policy=policy, mode=mode,
+        )  # fmt: skip
+
+
+def _speed(runs: _SpeedPrompts, args: argparse.Namespace) -> list[list[str]]:
+    """Tokens/s of transformers' generate, of generate_until without a policy and of each mode under AHON (LN) at
+    the threshold that zeroes ``--speed-target`` of the heads on these prompts; each on the same prompts and batch
+    size, one after the other, against transformers' generate with the same token budget."""
+    policy = runs.policy("ahon_ln", args.speed_target)
+    label, target, budget = args.name or Path(args.model).stem, f"AHON (LN) at {args.speed_target:g}", args.speed_tokens
+    n = str(len(runs.prompts))
+    hf_rate = runs.hf_generate(budget)  # the baseline of every row
+    rows = [[label, "transformers generate (KV cache)", n, str(budget), f"{hf_rate:.1f}", "1.00x"]]
+    for name, pol, mode in [("no policy", None, "step")] + [(f"{m}, {target}", policy, m) for m in MODES]:
+        got = runs.generate(budget, pol, mode)
+        rows.append([label, f"inactive-heads: {name}", n, str(budget), f"{got.tokens_per_s:.1f}",
+                     f"{got.tokens_per_s / hf_rate:.2f}x"])  # fmt: skip
     return rows
+
+
+def _recompute_speed(runs: _SpeedPrompts, args: argparse.Namespace) -> list[list[str]]:
+    """Per score and budget: new tokens/s of transformers' generate, the naive and the cached ``recompute`` and
+    ``running``, the share of decoding steps that flipped and whether the cached tokens are the naive ones."""
+    label, n = args.name or Path(args.model).stem, str(len(runs.prompts))
+    rows = []
+    for budget in args.recompute_tokens:
+        hf_rate = runs.hf_generate(budget)
+        for score in args.recompute_scores.split(","):
+            policy = runs.policy(score, args.speed_target)
+            key = [label, f"{ih.SCORE_FUNCTIONS[score].label} at {args.speed_target:g}", n, str(runs.shots),
+                   str(budget)]  # fmt: skip
+            naive = None if args.no_naive else runs.generate(budget, policy, NAIVE_RECOMPUTE)
+            cached = runs.generate(budget, policy, "recompute")
+            running = runs.generate(budget, policy, "running")
+            same = "" if naive is None else ("yes" if cached.tokens == naive.tokens else "NO")
+            measured = [
+                ("transformers generate (KV cache)", hf_rate, None, ""),
+                ("running", running.tokens_per_s, None, ""),
+            ]
+            if naive is not None:
+                measured.append(("recompute, naive (re-runs every pass)", naive.tokens_per_s, naive.flip_share, ""))
+            measured.append(("recompute (cached)", cached.tokens_per_s, cached.flip_share, same))
+            for name, rate, share, equal in measured:
+                rows.append([
+                    *key, name, f"{rate:.2f}", f"{rate / naive.tokens_per_s:.2f}x" if naive is not None else "",
+                    f"{rate / running.tokens_per_s:.2f}x", "" if share is None else f"{100 * share:.1f}%", equal,
+                ])  # fmt: skip
+    return rows
+
+
+def _emit(name: str, header: list[str], rows: list[list[str]], key: int, args: argparse.Namespace) -> None:
+    """Rows into section ``name`` of the results file, or printed as a table with ``--quick``."""
+    if not args.quick:
+        update_table(name, header, rows, key=key, path=args.results)
+        return
+    print(f"\n{name}\n| " + " | ".join(header) + " |\n|" + " --- |" * len(header))
+    for r in rows:
+        print("| " + " | ".join(r) + " |")
 
 
 def _write(run_dirs: list[Path], label: str, args: argparse.Namespace) -> None:
@@ -121,10 +173,20 @@ def main() -> None:
     parser.add_argument("--speed-only", action="store_true", help="only the generation speed table")
     parser.add_argument("--speed-prompts", type=int, default=8, help="prompts of the speed table")
     parser.add_argument("--speed-tokens", type=int, default=32, help="new tokens per prompt in the speed table")
-    parser.add_argument("--recompute-tokens", type=int, default=8, help="new tokens per prompt, recompute mode")
     parser.add_argument("--speed-target", type=float, default=0.1, help="fraction of heads the policy zeroes")
+    parser.add_argument("--shots", type=int, default=None, help="few-shot examples of the speed prompts (default 5)")
+    parser.add_argument("--recompute-tokens", type=int, nargs="+", default=[64, 256],
+                        help="new tokens per prompt of the recompute table")  # fmt: skip
+    parser.add_argument("--recompute-scores", default="ahon_ln,awft", help="policies of the recompute table")
+    parser.add_argument("--recompute-only", action="store_true", help="only the recompute table")
+    parser.add_argument("--no-naive", action="store_true", help="recompute table without the naive recompute")
+    parser.add_argument(
+        "--quick", action="store_true", help="a smoke run: both speed tables on 2 prompts, 8 new tokens, printed"
+    )
     parser.add_argument("--write", action="store_true", help="only render the cells stored so far")
     args = parser.parse_args()
+    if args.quick:
+        args.speed_only, args.speed_prompts, args.speed_tokens, args.recompute_tokens = True, 2, 8, [8]
 
     label = args.name or Path(args.model).stem
     run_dirs = [args.out / slug(f"{label}-gsm8k-n{args.limit}-t{args.max_gen_toks}-{mode}") for mode in args.modes]
@@ -133,6 +195,8 @@ def main() -> None:
         _write(run_dirs, label, args)
         return
     model, tok = ih.load_model(args.model, getattr(torch, args.dtype), device_map=args.device)
+    if args.recompute_only:
+        args.speed_only = args.no_speed = True
     for mode, run_dir in zip([] if args.speed_only else args.modes, run_dirs, strict=False):
         ih.sweep(
             model, tok, "gsm8k", run_dir, scores=args.scores.split(","), targets=args.targets, limit=args.limit,
@@ -141,9 +205,15 @@ def main() -> None:
         )  # fmt: skip
     if not args.speed_only:
         _write(run_dirs, label, args)
+    if args.no_speed and not args.recompute_only:
+        return
+    runs = _SpeedPrompts(model, tok, args)
     if not args.no_speed:
         speed_header = ["model", "generation", "prompts", "max new tokens", "new tokens/s", "vs transformers generate"]
-        update_table("bench_generation_speed", speed_header, _speed(model, tok, args), key=4, path=args.results)
+        _emit("bench_generation_speed", speed_header, _speed(runs, args), 4, args)
+    recompute_header = ["model", "policy", "prompts", "shots", "max new tokens", "generation", "new tokens/s",
+                        "vs naive recompute", "vs running", "steps flipped", "tokens = naive"]  # fmt: skip
+    _emit("bench_generation_recompute", recompute_header, _recompute_speed(runs, args), 6, args)
 
 
 if __name__ == "__main__":

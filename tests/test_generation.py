@@ -1,19 +1,22 @@
 """Greedy generation under zeroing on tiny random models: the modes against naive loops, batching invariance,
-GSM8K's answer extraction and exact match as lm-eval computes them, and evaluate() on a generative task."""
+GSM8K's answer extraction and exact match as lm-eval computes them, and evaluate() on a generative task; cached
+``recompute`` against re-running every pass, also on SmolLM2 (slow)."""
 
 from __future__ import annotations
 
+import functools
+
 import pytest
 import torch
-from _tiny import padded_batch, tiny_model, tiny_tokenizer
+from _tiny import ARCHS, padded_batch, tiny_model, tiny_tokenizer
 
-from inactive_heads import SCORE_FUNCTIONS, Policy, RunningStats, record_scores, watch
+from inactive_heads import SCORE_FUNCTIONS, Policy, RunningStats, record_scores, thresholds_from_cdf, watch
 from inactive_heads._compat import cache_kwarg, output_cache
 from inactive_heads.evaluation import EvalConfig, evaluate
-from inactive_heads.evaluation.generative import _exact_match, _extract
-from inactive_heads.generation import cascade, generate_until
+from inactive_heads.evaluation.generative import _encode, _exact_match, _extract, _prompts
+from inactive_heads.generation import NAIVE_RECOMPUTE, cascade, generate_until
 from inactive_heads.runs.directory import score_label
-from inactive_heads.tasks import Item, Task
+from inactive_heads.tasks import Item, Task, get_task, subset
 from inactive_heads.tasks.gsm8k import GSM8K_GENERATION
 
 STRICT, FLEXIBLE = GSM8K_GENERATION.extractions
@@ -53,6 +56,108 @@ def _naive(model, prompt: list[int], n: int, policy: Policy | None) -> list[int]
             if ctx is not None:
                 ctx.__exit__(None, None, None)
     return out
+
+
+# Prompts of five lengths (left padding in batches of 3) and stop strings that stop some rows early.
+FIVE = [*PROMPTS, "Hi", "x = 1; y = 2; print(x + y)"]
+VOWELS = list("aeiou")
+
+
+@functools.cache
+def _arch(arch: str) -> tuple[torch.nn.Module, dict[str, float]]:
+    """A tiny model of ``arch`` and, per score, a threshold zeroing about a third of the heads on ``FIVE``."""
+    model = tiny_model(arch, seed=3)
+    ids = [tiny_tokenizer()(t)["input_ids"] for t in FIVE]
+    recorded = record_scores(model, None, ids)
+    thresholds = {}
+    for name, spec in SCORE_FUNCTIONS.items():
+        ranked = recorded[name].flatten().sort(descending=spec.inactive_when == "above").values
+        thresholds[name] = 0.3 if name == "random" else float(ranked[len(ranked) // 3])
+    return model, thresholds
+
+
+@pytest.mark.parametrize("score", list(SCORE_FUNCTIONS))
+@pytest.mark.parametrize("arch", ARCHS)
+def test_cached_recompute_equals_re_running_every_pass(arch, score, tok):
+    """Token for token, decision for decision and flip for flip, with left padding and rows stopping early; on
+    sliding-window models (Gemma-3, Mistral) the key statistics' scores take the re-running path."""
+    model, thresholds = _arch(arch)
+    policy = Policy(score=score, threshold=thresholds[score], seed=2)
+    kw = dict(until=VOWELS, max_gen_toks=10, batch_size=3, policy=policy)
+    naive = generate_until(model, tok, _ids(tok, FIVE), mode=NAIVE_RECOMPUTE, **kw)
+    cached = generate_until(model, tok, _ids(tok, FIVE), mode="recompute", **kw)
+    assert cached.tokens == naive.tokens and cached.texts == naive.texts
+    assert cached.zeroed is not None and naive.zeroed is not None and torch.equal(cached.zeroed, naive.zeroed)
+    assert cached.flips == naive.flips
+    if score == "random":  # fixed draws per prompt and layer: nothing ever flips
+        assert cached.flips == [0] * len(FIVE)
+
+
+def test_a_flip_re_runs_only_the_rows_that_flipped(tok):
+    """Each step runs the new tokens of the rows still decoding; a step at which rows flip re-runs those rows
+    whole, in the batch's layout, and no other. Rows that stop leave the batch."""
+    model, thresholds = _arch("llama")
+    policy = Policy(score="ahon_ln", threshold=thresholds["ahon_ln"])
+    shapes: list[tuple[int, int]] = []
+    hook = model.register_forward_pre_hook(lambda _, args, kw: shapes.append(tuple(kw["input_ids"].shape)),
+                                           with_kwargs=True)  # fmt: skip
+    try:
+        got = generate_until(model, tok, _ids(tok, FIVE), until=VOWELS, max_gen_toks=10, batch_size=5,
+                             policy=policy, mode="recompute")  # fmt: skip
+    finally:
+        hook.remove()
+    width = max(map(len, _ids(tok, FIVE)))
+    assert shapes[0] == (5, width)  # the prompts' pass
+    steps = [(k, rows) for k, (rows, length) in enumerate(shapes) if length == 1]
+    reruns = [(k, rows, length) for k, (rows, length) in enumerate(shapes[1:], 1) if length > 1]
+    assert len(steps) == max(map(len, got.tokens)) - 1 and got.forwards == len(shapes)
+    assert sum(rows for _, rows, _ in reruns) == sum(got.flips) > 0
+    for k, rows, length in reruns:  # right after a step, over the sequence so far, fewer rows than it ran
+        assert shapes[k - 1][1] == 1 and length == width + sum(1 for j, _ in steps if j < k)
+        assert rows < shapes[k - 1][0]
+    sizes = [rows for _, rows in steps]
+    assert min(map(len, got.tokens)) < 10 and sizes == sorted(sizes, reverse=True) and sizes[-1] < 5
+
+
+@pytest.mark.parametrize(("score", "cached"), [("awft", False), ("avvn_ln", False), ("ahon", True)])
+def test_key_statistics_over_a_sliding_window_re_run_every_pass(tok, score, cached):
+    """Over Gemma-3's 5-token window a one-token step sees only the window's keys, where a whole pass has queries
+    that read every key (the first key of AWFT and FTVVN, all of AVVN): such a policy re-runs the sequence at every
+    step. Statistics of the queries (AHON) keep the cache."""
+    model, thresholds = _arch("gemma3")
+    lengths: list[int] = []
+    hook = model.register_forward_pre_hook(lambda _, args, kw: lengths.append(kw["input_ids"].shape[1]),
+                                           with_kwargs=True)  # fmt: skip
+    try:
+        generate_until(model, tok, _ids(tok, FIVE), until=["\x00never"], max_gen_toks=6, batch_size=5,
+                       policy=Policy(score=score, threshold=thresholds[score]), mode="recompute")  # fmt: skip
+    finally:
+        hook.remove()
+    assert len(lengths) >= 6 and (1 in lengths) == cached
+
+
+@pytest.mark.slow
+def test_cached_recompute_equals_re_running_every_pass_on_smollm2(data_dir, smollm2):
+    """8 GSM8K questions without the few-shot block, where decisions flip at many steps, under AHON (LN) zeroing
+    10% of the heads on the prompts: the same tokens, decisions, flips and per-item scores."""
+    model, tok = smollm2
+    task = get_task("gsm8k", data_dir)
+    items = subset(task.items, 8, 0)
+    prompts = _encode(tok, _prompts(task, items, 0, EvalConfig(), tok))
+    threshold = thresholds_from_cdf(record_scores(model, None, prompts)["ahon_ln"], "below", [0.1])[0]
+    kw = dict(
+        until=GSM8K_GENERATION.until, max_gen_toks=16, batch_size=8, policy=Policy(score="ahon_ln", threshold=threshold)
+    )
+    naive = generate_until(model, tok, prompts, mode=NAIVE_RECOMPUTE, **kw)
+    cached = generate_until(model, tok, prompts, mode="recompute", **kw)
+    assert cached.tokens == naive.tokens and cached.flips == naive.flips and sum(cached.flips) > 0
+    assert torch.equal(cached.zeroed, naive.zeroed)
+    for ex in GSM8K_GENERATION.extractions:
+        for item, ours, ref in zip(items, cached.texts, naive.texts, strict=True):
+            gold = item.continuations[0]
+            assert _exact_match(_extract(ours, ex), gold, GSM8K_GENERATION) == _exact_match(
+                _extract(ref, ex), gold, GSM8K_GENERATION
+            )
 
 
 @pytest.mark.parametrize("policy", [None, POLICY], ids=["plain", "ahon_ln"])
@@ -290,6 +395,7 @@ def test_evaluate_on_a_generative_task(model, tok, mode):
     assert res.n_items == 4 and len(res.generations) == 4
     assert set(res.metrics) == {"exact_match,strict-match", "exact_match,flexible-extract", "acc"}
     assert res.generation["mode"] == mode and res.config["generation_mode"] == mode
+    assert (res.generation["flips"] is not None) == (mode == "recompute")
     assert res.zeroed_fraction is not None and res.gold_loglikelihood is None
     rec = evaluate(model, tok, _task(), max_gen_toks=3, record=True)
     assert rec.scores is not None and rec.scores["ahon_ln"].shape[0] == 4  # one row per prompt

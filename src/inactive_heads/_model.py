@@ -137,3 +137,11 @@ def output_projection(module: torch.nn.Module, in_features: int) -> torch.Tensor
         f"cannot find the output projection of {type(module).__name__} (looked for {_OUTPUT_PROJECTIONS} with "
         f"{in_features} input features); fhon scores are unavailable for this architecture"
     )
+
+
+def sliding_window(model: Any) -> int | None:
+    """The model's sliding attention window, where any layer has one; None where every layer attends to all keys."""
+    config = _compat.text_config(model)
+    window = getattr(config, "sliding_window", None)
+    types = getattr(config, "layer_types", None)  # absent where the window applies to every layer (Mistral)
+    return None if not window or (types is not None and "sliding_attention" not in types) else int(window)

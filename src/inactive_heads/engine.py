@@ -173,14 +173,15 @@ class RunningStats:
 
     MEANS = ("awft", "aeqd", "ahon", "fhon")
 
-    def __init__(self) -> None:
+    def __init__(self, dtype: torch.dtype = torch.float32) -> None:
+        self.dtype = dtype  # of the sums; the means handed to the score functions keep the statistics' dtype
         self._sums: dict[int, dict[str, torch.Tensor]] = {}
         self._counts: dict[int, torch.Tensor] = {}
 
     def update(self, layer: int, stats: LayerStats, n_queries: torch.Tensor) -> None:
         """Fold this forward's ``stats`` of ``layer`` (``n_queries`` [B] real queries per row) into the running sums
         and replace its query means by the running means, in place."""
-        n = n_queries.to(torch.float32)[:, None]
+        n = n_queries.to(self.dtype)[:, None]
         before = self._counts.get(layer)
         if before is not None and before.shape[0] != n.shape[0]:
             raise InactiveHeadsError(
@@ -193,10 +194,26 @@ class RunningStats:
             value = getattr(stats, name)
             if value is None:
                 continue
-            running = value * n if name not in sums else sums[name] + value * n
+            added = value.to(self.dtype) * n
+            running = added if name not in sums else sums[name] + added
             sums[name] = running
-            setattr(stats, name, running / total)
+            setattr(stats, name, (running / total).to(value.dtype))
         self._counts[layer] = total
+
+    def select(self, rows: torch.Tensor) -> None:
+        """Keep only the batch rows ``rows`` (long [k]), in that order: for a batch that rows have left."""
+        for layer, count in self._counts.items():
+            self._counts[layer] = count[rows.to(count.device)]
+            for name, value in self._sums[layer].items():
+                self._sums[layer][name] = value[rows.to(value.device)]
+
+    def assign(self, rows: torch.Tensor, other: RunningStats) -> None:
+        """Replace the sums of batch rows ``rows`` (long [k]) by those of ``other``, a batch of k rows (the same
+        rows run again on their own)."""
+        for layer, count in self._counts.items():
+            count[rows.to(count.device)] = other._counts[layer].to(count.dtype)
+            for name, value in self._sums[layer].items():
+                value[rows.to(value.device)] = other._sums[layer][name].to(value.dtype)
 
 
 class _Session:

@@ -7,8 +7,16 @@ is the decoded tokens (special tokens skipped) cut before the first stop string.
 
 Under a policy, ``mode`` says what each zeroing decision sees:
 
-- ``"recompute"`` (the paper's): no KV cache; every step re-runs the whole sequence, so the policy decides on
-  statistics over all real positions of that pass. Quadratic in the generated length.
+- ``"recompute"`` (the paper's): every step decides, per row and layer, on statistics over all real positions of
+  the whole sequence, as if it were re-run under that step's decisions. It runs with a KV cache and, per row, the
+  float64 sums of the query-averaged statistics of the sequence so far. A step runs the new token alone, layer by
+  layer, deciding each layer on the sums plus the new position's part. While every decision of a row equals its
+  previous step's, that is the whole pass exactly: attention is causal, so the earlier positions' keys, values and
+  statistics are those already computed under the same decisions. A row whose decisions change (a flip) is re-run
+  whole under the new decisions, alone or with the other rows that flipped at that step, rebuilding its cache and
+  sums (``Generated.flips`` counts those steps per prompt). Rows that stop leave the batch. Where the policy reads
+  the first key or every key (AWFT, FTVVN, AVVN) of a model whose sliding window is shorter than the sequence, a
+  step's window sees fewer keys than the whole pass does; such batches are re-run whole at every step.
 - ``"step"``: with a KV cache; the prompt's pass decides on the prompt's positions, every later step on the new
   token's single query (what :func:`~inactive_heads.engine.watch` does under ``model.generate``).
 - ``"running"``: with a KV cache; every step decides on per-row running means over all positions so far
@@ -42,6 +50,11 @@ __all__ = ["MODES", "Generated", "cascade", "generate_until"]
 MODES = ("recompute", "step", "running", "prompt")
 
 Mode = Literal["recompute", "step", "running", "prompt"]
+#: ``recompute`` as the paper states it, without a cache: every step re-runs the whole sequence (quadratic). The
+#: reference that ``recompute`` equals, for tests and benchmarks; not a mode of an evaluation.
+NAIVE_RECOMPUTE = "naive-recompute"
+# Statistics of keys, not of the new query: a cached step over a sliding window sees fewer keys than a whole pass.
+_KEY_STATS = frozenset({"awft", "ftvvn", "avvn"})
 
 
 @dataclass
@@ -50,7 +63,9 @@ class Generated:
 
     ``tokens``: generated ids up to and including the token that stopped the row. ``texts``: decoded and cut at the
     first stop string, as lm-eval returns them. ``zeroed``: bool [forward rows, layers, heads] of every forward
-    under a policy (None without one). ``forwards``: model calls; ``new_tokens``: tokens generated over all rows.
+    under a policy (None without one); in ``recompute``, the decisions of each step, of the rows still decoding.
+    ``forwards``: model calls; ``new_tokens``: tokens generated over all rows. ``flips`` (``recompute`` only): per
+    prompt, the decoding steps after its prompt's pass at which some layer's decision changed.
     """
 
     texts: list[str]
@@ -63,10 +78,18 @@ class Generated:
     kv_bytes: int = 0
     kv_bytes_droppable: int = 0
     kv_bytes_dropped: int = 0
+    flips: list[int] | None = None
 
     @property
     def tokens_per_s(self) -> float:
         return self.new_tokens / max(self.seconds, 1e-9)
+
+    @property
+    def flip_share(self) -> float | None:
+        """The share of decoding steps (after each prompt's pass) at which some decision flipped (``recompute``)."""
+        if self.flips is None:
+            return None
+        return sum(self.flips) / max(sum(len(t) - 1 for t in self.tokens), 1)
 
 
 def _eos_ids(model: PreTrainedModel, tokenizer: Any) -> set[int]:
@@ -104,7 +127,7 @@ def generate_until(
     max_gen_toks: int = 256,
     batch_size: int = 8,
     policy: Policy | None = None,
-    mode: Mode = "step",
+    mode: Mode | Literal["naive-recompute"] = "step",
     progress: bool | Callable[[int], Any] = False,
     drop_kv: bool = True,
     first_row: int = 0,
@@ -115,9 +138,9 @@ def generate_until(
     bar. A per-row static mask (``policy.mask`` [prompts, layers, heads]) applies to the prompts in the order
     given. The ``random`` score draws per prompt: prompt ``i`` as row ``first_row + i`` of
     :func:`~inactive_heads.engine.watch`, however it is batched. ``drop_kv``: in prompt mode, cut from the cache the
-    KV heads each row never reads.
+    KV heads each row never reads. ``mode=NAIVE_RECOMPUTE`` runs ``recompute`` without a cache (the reference).
     """
-    if mode not in MODES:
+    if mode not in (*MODES, NAIVE_RECOMPUTE):
         raise InactiveHeadsError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
     if max_gen_toks < 1 or batch_size < 1:
         raise InactiveHeadsError("max_gen_toks and batch_size must be >= 1")
@@ -145,16 +168,25 @@ def generate_until(
     t0 = time.perf_counter()
     forwards, kv = 0, [0, 0, 0]
     zeroed: list[torch.Tensor] = []
+    flips: list[int] | None = [0] * len(prompts) if mode in ("recompute", NAIVE_RECOMPUTE) else None
     try:
         for start in range(0, len(order), batch_size):
             chunk = order[start : start + batch_size]
-            chunk_policy = policy
-            if policy is not None and policy.mask is not None and policy.mask.dim() == 3:  # one mask per prompt
-                chunk_policy = replace(policy, mask=policy.mask[chunk])
+            chunk_policy = _for_rows(policy, chunk)
             row_ids = [first_row + i for i in chunk]
-            batch = _Batch(model, [prompts[i] for i in chunk], row_ids, pad_id, chunk_policy, mode, drop_kv)
-            for i, toks in zip(chunk, batch.run(tokenizer, stops, lookback, eos, max_gen_toks), strict=True):
+            chunk_prompts = [prompts[i] for i in chunk]
+            batch: _Batch
+            if mode == "recompute" and _cache_exact(model, policy, max(map(len, chunk_prompts)) + max_gen_toks):
+                batch = _Recompute(model, chunk_prompts, row_ids, pad_id, chunk_policy)
+            else:
+                batch_mode = NAIVE_RECOMPUTE if mode == "recompute" else mode
+                batch = _Batch(model, chunk_prompts, row_ids, pad_id, chunk_policy, batch_mode, drop_kv)
+            for k, (i, toks) in enumerate(
+                zip(chunk, batch.run(tokenizer, stops, lookback, eos, max_gen_toks), strict=True)
+            ):
                 tokens[i] = toks
+                if flips is not None:
+                    flips[i] = batch.flips[k]
             forwards += batch.forwards
             zeroed += batch.zeroed
             kv = [a + b for a, b in zip(kv, batch.kv, strict=True)]
@@ -167,7 +199,22 @@ def generate_until(
     seconds = time.perf_counter() - t0
     texts = [_cut(tokenizer.decode(t, skip_special_tokens=True), stops) for t in tokens]
     rows = torch.cat(zeroed) if zeroed else None
-    return Generated(texts, tokens, seconds, forwards, sum(map(len, tokens)), mode, rows, *kv)
+    return Generated(
+        texts, tokens, seconds, forwards, sum(map(len, tokens)), mode, rows, kv[0], kv[1], kv[2], flips
+    )  # fmt: skip
+
+
+def _for_rows(policy: Policy | None, rows: Sequence[int]) -> Policy | None:
+    """``policy`` for a batch of the prompts ``rows`` (a per-prompt mask cut to theirs)."""
+    if policy is not None and policy.mask is not None and policy.mask.dim() == 3:
+        return replace(policy, mask=policy.mask[list(rows)])
+    return policy
+
+
+def _cache_exact(model: PreTrainedModel, policy: Policy | None, length: int) -> bool:
+    """Whether cached ``recompute`` steps see the whole pass's statistics for sequences up to ``length`` tokens."""
+    window = _model.sliding_window(model)
+    return policy is None or not policy.needs & _KEY_STATS or window is None or window >= length
 
 
 class _Batch:
@@ -180,7 +227,7 @@ class _Batch:
         rows: list[int],
         pad_id: int,
         policy: Policy | None,
-        mode: Mode,
+        mode: str,
         drop_kv: bool,
     ):
         self.model, self.pad_id, self.policy, self.mode, self.drop_kv = model, pad_id, policy, mode, drop_kv
@@ -194,6 +241,8 @@ class _Batch:
         self.zeroed: list[torch.Tensor] = []
         self.kv = (0, 0, 0)  # Generated's kv_bytes, kv_bytes_droppable, kv_bytes_dropped
         self.read: list[torch.Tensor] = []  # prompt mode: per layer, the KV heads each row reads (see _kv_read)
+        self.flips = [0] * len(prompts)  # recompute: per row, the steps whose decisions changed
+        self.decided: torch.Tensor | None = None  # naive recompute: the last forward's decisions [B, L, H]
 
     def _forward(self, policy: Policy | None, **kwargs: Any) -> Any:
         self.forwards += 1
@@ -205,13 +254,26 @@ class _Batch:
         self.zeroed.append(w.zeroed)
         return out
 
+    def _track(self, live: list[int]) -> None:
+        """Naive recompute: count the flips of the rows ``live`` still decoding and keep only their decisions."""
+        if self.policy is None:
+            return
+        now = self.zeroed.pop()
+        if self.decided is not None:
+            for r in live:
+                self.flips[r] += not torch.equal(now[r], self.decided[r])
+        self.decided = now
+        self.zeroed.append(now[live])
+
     @torch.no_grad()
     def run(self, tokenizer: Any, stops: list[str], lookback: int, eos: set[int], max_new: int) -> list[list[int]]:
-        cached = self.mode != "recompute"
+        cached = self.mode != NAIVE_RECOMPUTE
         mask = self.mask
         out = self._forward(
             self.policy, input_ids=self.ids, attention_mask=mask, position_ids=self.positions, use_cache=cached
         )
+        if not cached:
+            self._track(list(range(len(self.lengths))))
         past = _compat.output_cache(out) if cached else None
         # In prompt mode every later step keeps, per row, the heads the prompt's pass zeroed.
         steps = self.policy
@@ -229,8 +291,7 @@ class _Batch:
                     nxt[r] = self.pad_id  # a finished row is fed padding, as HF generate does
                     continue
                 gen[r].append(t)
-                tail = tokenizer.decode(gen[r][-lookback:], skip_special_tokens=False)
-                done[r] = t in eos or any(s in tail for s in stops)
+                done[r] = _stopped(tokenizer, gen[r], lookback, eos, stops)
             if all(done) or step == max_new - 1:
                 break
             new = torch.tensor(nxt, dtype=torch.long, device=self.device)[:, None]
@@ -245,6 +306,7 @@ class _Batch:
                 out = self._forward(
                     steps, input_ids=ids, attention_mask=mask, position_ids=real_positions(mask), use_cache=False
                 )
+                self._track([r for r, stopped in enumerate(done) if not stopped])
         if cached:
             self.kv = self._count_kv([n + len(g) - 1 for n, g in zip(self.lengths, gen, strict=True)])
         return gen
@@ -291,6 +353,111 @@ class _Batch:
                 kept = torch.zeros_like(read).index_put_(_model.cache_pairs(read), torch.tensor(True))
                 dropped = dropped + (~kept).sum(1)
         return total, int((unread * real).sum() * per_position), int((dropped * real).sum() * per_position)
+
+
+class _Recompute(_Batch):
+    """``recompute`` with a KV cache and per-row float64 running sums (see the module docstring)."""
+
+    def __init__(
+        self, model: PreTrainedModel, prompts: list[Sequence[int]], rows: list[int], pad_id: int, policy: Policy | None
+    ):
+        super().__init__(model, prompts, rows, pad_id, policy, "recompute", drop_kv=False)
+
+    def _pass(self, live: list[int], sums: RunningStats | None, **kwargs: Any) -> tuple[Any, torch.Tensor | None]:
+        """A cached forward of the rows ``live`` (indices of this batch's prompts): its output and, under a policy,
+        its decisions (bool [rows, layers, heads])."""
+        self.forwards += 1
+        if self.policy is None:
+            return self.model(**kwargs, use_cache=True, logits_to_keep=1), None
+        rows = [self.row_ids[r] for r in live]
+        with watch(self.model, policy=_for_rows(self.policy, live), running=sums, rows=rows) as w:
+            out = self.model(**kwargs, use_cache=True, logits_to_keep=1)
+        return out, w.zeroed
+
+    def _sums(self) -> RunningStats | None:
+        # Float64: a float32 running sum would round once per step, drifting over hundreds of steps from the whole
+        # pass's float32 mean (one rounded sum over the positions). In float64 a step's mean, rounded to float32,
+        # differs from the whole pass's only by that pass's own rounding and by the new position's values, which
+        # a one-token step computes with products of other shapes (float32 rounding in the last bits). The sums of
+        # a whole pass, its float32 mean times the count, are exact in float64, so it decides as the naive pass.
+        return RunningStats(torch.float64) if self.policy is not None and self.policy.score is not None else None
+
+    @torch.no_grad()
+    def run(self, tokenizer: Any, stops: list[str], lookback: int, eos: set[int], max_new: int) -> list[list[int]]:
+        live = list(range(len(self.lengths)))  # the prompts still decoding, in batch order
+        ids, mask, pos = self.ids, self.mask, self.positions
+        sums = self._sums()
+        out, decided = self._pass(live, sums, input_ids=ids, attention_mask=mask, position_ids=pos)
+        cache, logits, pos = _compat.output_cache(out), out.logits[:, -1], pos[:, -1:]
+        gen: list[list[int]] = [[] for _ in live]
+        for step in range(max_new):
+            if decided is not None:
+                self.zeroed.append(decided)
+            nxt = logits.argmax(-1).tolist()
+            for r, t in zip(live, nxt, strict=True):
+                gen[r].append(t)
+            going = [b for b, r in enumerate(live) if not _stopped(tokenizer, gen[r], lookback, eos, stops)]
+            if not going or step == max_new - 1:
+                break
+            if len(going) < len(live):  # stopped rows leave the batch: nothing reads their states again
+                keep = torch.tensor(going)  # on the CPU: it indexes cache layers on any device
+                live, nxt = [live[b] for b in going], [nxt[b] for b in going]
+                ids, mask, pos = ids[keep], mask[keep], pos[keep]
+                _compat.set_cache_states(cache, [(k[keep], v[keep]) for k, v in _compat.cache_states(cache)])
+                if sums is not None:
+                    sums.select(keep)
+                decided = None if decided is None else decided[going]
+            new = torch.tensor(nxt, dtype=torch.long, device=self.device)[:, None]
+            ids, mask, pos = torch.cat([ids, new], 1), torch.cat([mask, torch.ones_like(new)], 1), pos + 1
+            out, now = self._pass(live, sums, input_ids=new, attention_mask=mask, position_ids=pos,
+                                  **{self.cache_kw: cache})  # fmt: skip
+            cache, logits = _compat.output_cache(out), out.logits[:, -1]
+            if decided is None or now is None:
+                continue
+            # A row whose decisions all equal its previous step's had, layer by layer, the whole pass's scores and
+            # states. From a row's first differing layer on, its states follow decisions the whole pass would not
+            # take there (and its later decisions are moot): the row is re-run.
+            flipped = (now != decided).flatten(1).any(1).nonzero().flatten()
+            if len(flipped):
+                self._rerun(flipped, live, ids, mask, cache, sums, now, logits)
+            decided = now
+        self.kv = self._count_kv([n + len(g) - 1 for n, g in zip(self.lengths, gen, strict=True)])
+        return gen
+
+    def _rerun(
+        self,
+        flipped: torch.Tensor,
+        live: list[int],
+        ids: torch.Tensor,
+        mask: torch.Tensor,
+        cache: Any,
+        sums: RunningStats | None,
+        decided: torch.Tensor,
+        logits: torch.Tensor,
+    ) -> None:
+        """Re-run the batch rows ``flipped`` (long [k], on the CPU) whole, in the batch's padded layout, as the naive
+        loop runs them, and write their cache, sums, decisions and last logits over the cached step's, in place."""
+        rows, fresh = mask[flipped], self._sums()
+        again, redone = self._pass(
+            [live[b] for b in flipped.tolist()], fresh, input_ids=ids[flipped], attention_mask=rows,
+            position_ids=real_positions(rows),
+        )  # fmt: skip
+        states = _compat.cache_states(_compat.output_cache(again))
+        for (keys, values), (k, v) in zip(_compat.cache_states(cache), states, strict=True):
+            keys[flipped], values[flipped] = k, v
+        if sums is not None and fresh is not None:
+            sums.assign(flipped, fresh)
+        assert redone is not None  # under a policy
+        decided[flipped] = redone
+        logits[flipped] = again.logits[:, -1]
+        for b in flipped.tolist():
+            self.flips[live[b]] += 1
+
+
+def _stopped(tokenizer: Any, tokens: list[int], lookback: int, eos: set[int], stops: list[str]) -> bool:
+    """Whether a row's newest token stops it: an end-of-sequence id, or a stop string in its decoded tail."""
+    tail = tokenizer.decode(tokens[-lookback:], skip_special_tokens=False)
+    return tokens[-1] in eos or any(s in tail for s in stops)
 
 
 def cascade(baseline: Sequence[Sequence[int]], intervened: Sequence[Sequence[int]]) -> dict[str, Any]:

@@ -18,7 +18,7 @@ from typing import Any
 import torch
 from transformers import PreTrainedModel
 
-from .. import _compat
+from .. import _compat, _model
 from .forward import _Forward, _Read, _reads, _score_rows
 from .requests import _positions, _Seq
 
@@ -224,13 +224,7 @@ def _run(
 
 def _can_share(model: PreTrainedModel) -> bool:
     # Sliding-window caches drop old keys, so a long shared prefix would not be reusable as is.
-    cfgs = [model.config, getattr(model.config, "text_config", None)]
-    for cfg in filter(None, cfgs):
-        if getattr(cfg, "sliding_window", None) or any(
-            "sliding" in str(t) for t in getattr(cfg, "layer_types", None) or ()
-        ):
-            return False
-    return True
+    return _model.sliding_window(model) is None
 
 
 def _sharing(model: PreTrainedModel, share_prefix: bool | None) -> tuple[int, int] | None:

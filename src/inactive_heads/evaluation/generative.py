@@ -165,6 +165,7 @@ def _evaluate_generative(
             "kv_bytes": gen.kv_bytes,
             "kv_bytes_droppable": gen.kv_bytes_droppable,
             "kv_bytes_dropped": gen.kv_bytes_dropped,
+            "flips": gen.flips,
             "generated_tokens": gen.tokens,
         },
     )
