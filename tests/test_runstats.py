@@ -50,9 +50,7 @@ def test_run_bootstrap_feeds_per_item_correctness_in_curve_order():
     }
     expected = bootstrap_run(base, curves, n_resamples=200, seed=3)
     assert boot is not None and boot.cells == expected.cells and boot.rank == expected.rank
-    assert boot.max_zeroed["ahon_ln"].value == pytest.approx(
-        {r["score"]: r["max_zeroed"] for r in run.table2()}["ahon_ln"]
-    )
+    assert boot.max_zeroed["ahon_ln"].value == pytest.approx({r.score: r.max_zeroed for r in run.table2()}["ahon_ln"])
 
 
 def test_run_bootstrap_is_none_without_per_item_answers_or_with_other_items():

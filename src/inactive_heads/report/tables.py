@@ -25,6 +25,7 @@ from ..stats.bootstrap import (
     item_index,
     percentile_interval,
 )
+from ..stats.curves import Table2Row
 from ..stats.overlap import Overlap, overlap, threshold_spread
 from ..stats.thresholds import resampled_thresholds
 
@@ -99,12 +100,12 @@ def interval_text(iv: Interval, scale: float = 100.0, fmt: str = ".1f", signed: 
     return f"{iv.value * scale:{sign}{fmt}} [{iv.low * scale:{sign}{fmt}}, {iv.high * scale:{sign}{fmt}}]"
 
 
-def max_zeroed_text(row: dict[str, object], iv: Interval | None = None, fmt: str = ".1f") -> str:
+def max_zeroed_text(row: Table2Row, iv: Interval | None = None, fmt: str = ".1f") -> str:
     """A Table-2 value in % (with its interval): ``≥`` marks a lower bound, a curve still within tolerance at the
-    largest fraction measured (``row["lower_bound"]``, :func:`~inactive_heads.stats.curves.table2`)."""
-    mark = "≥" if row.get("lower_bound") else ""
+    largest fraction measured (:attr:`~inactive_heads.stats.curves.Table2Row.lower_bound`)."""
+    mark = "≥" if row.lower_bound else ""
     if iv is None:
-        return f"{mark}{100 * float(row['max_zeroed']):{fmt}}"  # type: ignore[arg-type]
+        return f"{mark}{100 * row.max_zeroed:{fmt}}"
     return mark + interval_text(iv, fmt=fmt)
 
 

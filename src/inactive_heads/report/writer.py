@@ -16,7 +16,7 @@ from ..errors import InactiveHeadsError
 from ..runs.directory import RunData, RunDir, load_run, score_label, slug
 from ..scores import SCORE_FUNCTIONS
 from ..stats.bootstrap import Bootstrap, Interval
-from ..stats.curves import spearman, top_k_iou, within_tolerance
+from ..stats.curves import Table2Row, spearman, top_k_iou, within_tolerance
 from ..stats.distances import wasserstein_table
 from .compare import score_distances, series_distances
 from .document import Document, linked_images
@@ -37,9 +37,9 @@ from .tables import (
 __all__ = ["write_report", "write_study_report"]
 
 
-def _best_cell(run: RunData, rows: list[dict[str, object]]) -> tuple[str, dict[str, Any]] | None:
+def _best_cell(run: RunData, rows: list[Table2Row]) -> tuple[str, dict[str, Any]] | None:
     # The best score function (random only if it is the only one) at its largest within-1-point target.
-    ordered = [r["score"] for r in rows if r["score"] != "random"] + ["random"]
+    ordered = [r.score for r in rows if r.score != "random"] + ["random"]
     curves = run.curves()
     for name in ordered:
         if name not in curves:
@@ -50,14 +50,14 @@ def _best_cell(run: RunData, rows: list[dict[str, object]]) -> tuple[str, dict[s
             if within_tolerance(c["accuracy"], run.baseline) and run.head_frequency(c) is not None
         ]
         if cells:
-            return str(name), max(cells, key=lambda c: c["fraction_zeroed"])
+            return name, max(cells, key=lambda c: c["fraction_zeroed"])
     # No cell stays within 1 point: show the best score function's mildest intervention.
     for name in ordered:
         cells = [
             c for c in (curves[name].extra["cells"] if name in curves else []) if run.head_frequency(c) is not None
         ]
         if cells:
-            return str(name), min(cells, key=lambda c: c["fraction_zeroed"])
+            return name, min(cells, key=lambda c: c["fraction_zeroed"])
     return None
 
 
@@ -74,14 +74,11 @@ def _fmt_pct(fraction: float) -> str:
     return f"{100 * fraction:.1f}"
 
 
-def _table2_rows(rows: list[dict[str, object]]) -> list[list[str]]:
+def _table2_rows(rows: list[Table2Row]) -> list[list[str]]:
     def auc(value: float) -> str:
         return "–" if math.isnan(value) else f"{value:.3f}"  # no AUC: the score zeroes no heads
 
-    return [
-        [str(r["score"]), str(r["label"]), max_zeroed_text(r), auc(float(r["auc"])), f"{r['rank']:g}"]  # type: ignore[arg-type]
-        for r in rows
-    ]
+    return [[r.score, r.label, max_zeroed_text(r), auc(r.auc), f"{r.rank:g}"] for r in rows]
 
 
 def _sorted_cells(run: RunData) -> list[dict[str, Any]]:
@@ -217,9 +214,7 @@ def _write(doc: Document, out_dir: Path, title: str, cells_csv: str) -> tuple[Pa
     return md_path, html_path
 
 
-def _run_section(
-    doc: Document, run: RunData, rows: list[dict[str, object]], tag: str, boot: Bootstrap | None = None
-) -> None:
+def _run_section(doc: Document, run: RunData, rows: list[Table2Row], tag: str, boot: Bootstrap | None = None) -> None:
     """One run: its settings, its Table 2, the curves, the zeroed-heads map of its best cell, and every cell."""
     cfg = run.settings
     doc.p(
@@ -280,14 +275,14 @@ def _cascade_section(doc: Document, runs: Sequence[RunData]) -> None:
 def _ranks_section(
     doc: Document,
     models: list[str],
-    all_rows: list[list[dict[str, object]]],
+    all_rows: list[list[Table2Row]],
     filename: str,
     boots: Sequence[Bootstrap | None] = (),
 ) -> None:
     """The rank heatmap of ``models`` (one Table 2 each, with bootstrap intervals where given) and, for two or
     more, their pairwise rank agreement."""
-    names = [n for n in SCORE_FUNCTIONS if any(r["score"] == n for rows in all_rows for r in rows)]
-    ranks = [{str(r["score"]): float(r["rank"]) for r in rows} for rows in all_rows]  # type: ignore[arg-type]
+    names = [n for n in SCORE_FUNCTIONS if any(r.score == n for rows in all_rows for r in rows)]
+    ranks = [{r.score: r.rank for r in rows} for rows in all_rows]
     intervals = [
         {} if b is None else {n: (iv.low, iv.high) for n, iv in b.rank.items()} for b in (boots or [None] * len(models))
     ]
@@ -539,27 +534,27 @@ def _protocol_section(doc: Document, runs: Sequence[RunData], boots: dict[int, B
 
 
 def _table2_across(
-    runs: Sequence[RunData], all_rows: list[list[dict[str, object]]], boots: Sequence[Bootstrap | None] = ()
+    runs: Sequence[RunData], all_rows: list[list[Table2Row]], boots: Sequence[Bootstrap | None] = ()
 ) -> tuple[list[str], list[list[str]]]:
     """One row per score function, one column per model: max % zeroed within 1 pt and its rank (with bootstrap
     intervals where given); mean rank."""
     boots = list(boots) or [None] * len(runs)
-    per_model = [{str(r["score"]): r for r in rows} for rows in all_rows]
+    per_model = [{r.score: r for r in rows} for rows in all_rows]
     names = [n for n in SCORE_FUNCTIONS if any(n in m for m in per_model)]
     names += sorted({n for m in per_model for n in m} - set(names))
     rows = []
     for n in names:
         found = [m.get(n) for m in per_model]
-        ranks = [float(r["rank"]) for r in found if r is not None]  # type: ignore[arg-type]
+        ranks = [r.rank for r in found if r is not None]
         shown = [_table2_cell(r, b, n) for r, b in zip(found, boots, strict=True)]
         rows.append([n, score_label(n), *shown, f"{np.mean(ranks):.2f}" if ranks else "–"])
     return ["score", "label", *(r.name for r in runs), "mean rank"], rows
 
 
-def _table2_cell(row: dict[str, object] | None, boot: Bootstrap | None, name: str) -> str:
+def _table2_cell(row: Table2Row | None, boot: Bootstrap | None, name: str) -> str:
     if row is None:
         return "–"
     if boot is None or name not in boot.max_zeroed:
-        return f"{max_zeroed_text(row)} ({row['rank']:g})"
+        return f"{max_zeroed_text(row)} ({row.rank:g})"
     rank = boot.rank[name]
-    return f"{max_zeroed_text(row, boot.max_zeroed[name])} ({row['rank']:g} [{rank.low:g}–{rank.high:g}])"
+    return f"{max_zeroed_text(row, boot.max_zeroed[name])} ({row.rank:g} [{rank.low:g}–{rank.high:g}])"

@@ -39,7 +39,7 @@ from .._model import removed_heads
 from ..atomic import atomic_write_json, canonical_json
 from ..errors import InactiveHeadsError
 from ..scores import SCORE_FUNCTIONS, HeadScores
-from ..stats.curves import TABLE2_TOLERANCE, Curve, table2, zero_frequency
+from ..stats.curves import TABLE2_TOLERANCE, Curve, Table2Row, table2, zero_frequency
 from .store import ResultStore, package_version
 
 if TYPE_CHECKING:
@@ -469,7 +469,7 @@ class RunData:
             )
         return out
 
-    def table2(self, tol: float = TABLE2_TOLERANCE) -> list[dict[str, object]]:
+    def table2(self, tol: float = TABLE2_TOLERANCE) -> list[Table2Row]:
         return table2(self.curves().values(), tol)
 
     def head_frequency(self, cell: dict[str, Any]) -> np.ndarray | None:
