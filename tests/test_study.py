@@ -186,8 +186,8 @@ def test_local_study_computes_every_cell_and_writes_one_report(local_run, tmp_pa
         # the report's delta figure draws these intervals: per score panel, the line at each cell's Δ, the band
         fig = delta_figure(run, boot.cells)
         for ax, name in zip(fig.axes, run.curves(), strict=False):
-            cells = sorted((c for c in run.cells if c.get("score") == name), key=lambda c: c["fraction_zeroed"])
-            want = [boot.cells[name, float(c["fraction_zeroed"])] for c in cells]
+            cells = sorted((c for c in run.cells if c.score == name), key=lambda c: c.fraction_zeroed)
+            want = [boot.cells[name, float(c.fraction_zeroed)] for c in cells]
             line = next(ln for ln in ax.get_lines() if ln.get_marker() == "o")
             assert list(line.get_ydata()) == pytest.approx([0.0, *(100 * iv.value for iv in want)])
             band = ax.collections[0].get_paths()[0].vertices[:, 1]
