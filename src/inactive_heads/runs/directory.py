@@ -284,7 +284,8 @@ class Cell:
         missing = [f for f in CELL_FIELDS if f not in obj]
         wrong = [f for f, ok in _CELL_TYPES.items() if f in obj and not ok(obj[f])]
         if missing or wrong:
-            raise InactiveHeadsError(f"malformed cell: missing {missing}, wrong type {wrong}")
+            problems = [f"{what} {names}" for what, names in (("missing", missing), ("wrong type", wrong)) if names]
+            raise InactiveHeadsError(f"malformed cell: {', '.join(problems)}")
         return cls(**{f.name: obj.get(f.name) for f in fields(cls)})  # type: ignore[arg-type]  # checked above
 
 
