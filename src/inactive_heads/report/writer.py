@@ -89,7 +89,7 @@ def _cell_rows(run: RunData, boot: Bootstrap | None = None) -> list[list[str]]:
 
     return [
         [
-            str(c.score or "baseline"),
+            c.score or "baseline",
             num(c.target, "g"),
             num(c.threshold, ".4g"),
             _fmt_pct(float(c.fraction_zeroed)),
