@@ -76,7 +76,7 @@ def _evaluation_seconds(out: Path) -> float:
     total = 0.0
     for run_dir in (out / "runs").iterdir():
         run = load_run(run_dir)
-        total += sum(c["seconds"] for c in run.cells) + float(run.calibration_meta.get("seconds", 0.0))
+        total += sum(c.seconds for c in run.cells) + float(run.calibration_meta.get("seconds", 0.0))
     return total
 
 

@@ -81,22 +81,22 @@ def test_common_range_and_table2():
     r = Curve("random", [(0.1, 0.60), (0.2, 0.59), (0.3, 0.3)], baseline=0.6)
     assert common_fraction_range([a, b, r]) == 0.28
     rows = table2([b, r, a])
-    assert [row["score"] for row in rows] == ["a", "random", "b"]  # a and random tie on max_zeroed; AUC breaks it
-    assert rows[0]["max_zeroed"] == pytest.approx(0.2) and rows[1]["max_zeroed"] == pytest.approx(0.2)
-    assert rows[2]["max_zeroed"] == pytest.approx(0.02)  # 0.01 / (0.6 - 0.55) * 0.1
-    assert [row["rank"] for row in rows] == [1.0, 2.0, 3.0]
-    assert rows[0]["auc"] == pytest.approx(a.auc(0.28))
+    assert [row.score for row in rows] == ["a", "random", "b"]  # a and random tie on max_zeroed; AUC breaks it
+    assert rows[0].max_zeroed == pytest.approx(0.2) and rows[1].max_zeroed == pytest.approx(0.2)
+    assert rows[2].max_zeroed == pytest.approx(0.02)  # 0.01 / (0.6 - 0.55) * 0.1
+    assert [row.rank for row in rows] == [1.0, 2.0, 3.0]
+    assert rows[0].auc == pytest.approx(a.auc(0.28))
     # A score that zeroes nothing at any target neither shrinks the common range nor gets an AUC over it.
     flat = Curve("flat", [(0.0, 0.6)], baseline=0.6)
     assert common_fraction_range([a, b, r, flat]) == 0.28
     rows = table2([b, r, a, flat])
-    assert rows[-1]["score"] == "flat" and rows[-1]["max_zeroed"] == 0 and math.isnan(rows[-1]["auc"])
-    assert rows[0]["auc"] == pytest.approx(a.auc(0.28))
+    assert rows[-1].score == "flat" and rows[-1].max_zeroed == 0 and math.isnan(rows[-1].auc)
+    assert rows[0].auc == pytest.approx(a.auc(0.28))
     # A value is a lower bound only where the curve zeroes heads and ends within the tolerance.
-    assert not any(row["lower_bound"] for row in rows)
+    assert not any(row.lower_bound for row in rows)
     ends = Curve("ends", [(0.0, 0.6), (0.3, 0.591), (0.1, 0.58)], baseline=0.6)  # unsorted: the last is 0.3
     (row,) = table2([ends])
-    assert row["lower_bound"] and row["max_zeroed"] == pytest.approx(0.3)
+    assert row.lower_bound and row.max_zeroed == pytest.approx(0.3)
     assert not Curve("x", [(0.1, 0.6), (0.2, 0.58)], baseline=0.6).ends_within()
 
 
@@ -179,5 +179,5 @@ def test_zero_frequency():
 
 def test_zero_baseline_gives_nan_auc_and_still_ranks():
     rows = table2([Curve("a", [(0.1, 0.0)], 0.0), Curve("b", [(0.2, 0.0)], 0.0)])
-    assert all(math.isnan(r["auc"]) for r in rows)
-    assert [r["score"] for r in rows] == ["b", "a"]  # both stay within 1 pt of 0: the larger fraction wins
+    assert all(math.isnan(r.auc) for r in rows)
+    assert [r.score for r in rows] == ["b", "a"]  # both stay within 1 pt of 0: the larger fraction wins

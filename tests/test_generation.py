@@ -428,12 +428,12 @@ def test_sweep_runs_a_generative_task_and_resumes(model, tok, tmp_path, mode):
     from inactive_heads.report.tables import cascade_table
 
     header, rows = cascade_table([run])
-    base = next(c for c in run.cells if c["score"] is None)["generation"]["generated_tokens"]
+    base = next(c for c in run.cells if c.score is None).generation["generated_tokens"]
     for row in rows[1:]:
-        cell = next(c for c in run.cells if score_label(c["score"] or "") == row[1] and f"{c['target']:g}" == row[2])
-        found = cascade(base, cell["generation"]["generated_tokens"])
+        cell = next(c for c in run.cells if score_label(c.score or "") == row[1] and f"{c.target:g}" == row[2])
+        found = cascade(base, cell.generation["generated_tokens"])
         assert row[0] == mode and row[header.index("% identical to baseline")] == f"{100 * found['identical']:.0f}"
-        gen, kv = cell["generation"], row[header.index("% KV cache unread / dropped")]
+        gen, kv = cell.generation, row[header.index("% KV cache unread / dropped")]
         if mode == "prompt":  # only prompt mode leaves KV heads unread and cuts them
             unread, dropped = (100 * gen[k] / gen["kv_bytes"] for k in ("kv_bytes_droppable", "kv_bytes_dropped"))
             assert kv == f"{unread:.1f} / {dropped:.1f}" and dropped <= unread

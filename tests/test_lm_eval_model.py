@@ -18,6 +18,7 @@ pytest.importorskip("lm_eval", reason="lm_eval not installed (group parity)")
 
 import lm_eval
 from _lm_eval import _dump  # also keeps datasets and the hub offline
+from _runs import make_run
 from _tiny import tiny_model, tiny_tokenizer
 from lm_eval.models.huggingface import HFLM
 from lm_eval.tasks import TaskManager
@@ -26,7 +27,7 @@ from inactive_heads import record_scores, static_mask, zero_heads
 from inactive_heads.cli import main
 from inactive_heads.generation import generate_until
 from inactive_heads.lm_eval_model import InactiveHeadsLM, simple_evaluate
-from inactive_heads.runs.directory import RunDir, model_identity, run_record
+from inactive_heads.runs.directory import model_identity
 from inactive_heads.stats.thresholds import thresholds_from_cdf
 
 SCORE = "ahon_ln"  # inactive below its threshold
@@ -218,14 +219,9 @@ def calibration(model_dir, tmp_path_factory) -> tuple[Path, Any]:
     """A run directory whose calibration holds the scores of a few texts on the tiny model."""
     model, tok = tiny_model("llama"), tiny_tokenizer()
     scores = record_scores(model, tok, ["The sky is blue.", "Two plus two equals four.", "A cat says meow."])
-    rd = RunDir(tmp_path_factory.mktemp("run"))
-    record = dict(
-        name="tiny", identity=model_identity(model), task="t", task_items="x", evaluation={}, n_layers=3, n_heads=4
-    )
-    rd.write_run(run_record(**record))
-    scores.save(rd.scores_path)
-    rd.write_meta({})
-    return rd.root, scores
+    identity = model_identity(model)
+    run_dir = make_run(tmp_path_factory.mktemp("run"), [], name="tiny", shape=(3, 4), identity=identity, scores=scores)
+    return run_dir, scores
 
 
 def test_target_takes_its_threshold_from_the_calibration(model_dir, calibration):

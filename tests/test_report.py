@@ -5,13 +5,12 @@ import re
 import numpy as np
 import pytest
 import torch
+from _runs import make_cell, make_run
 
-from inactive_heads.atomic import atomic_write_json
 from inactive_heads.report.compare import compare_runs, depth_w1_intervals, score_distances
 from inactive_heads.report.document import render_table
-from inactive_heads.report.writer import _pairwise_w1, write_report
-from inactive_heads.runs.directory import CELL_FIELDS, load_run, run_digest
-from inactive_heads.runs.store import ResultStore, cell_key
+from inactive_heads.report.writer import _pairwise_w1, write_report, write_study_report
+from inactive_heads.runs.directory import RunDir, load_run
 from inactive_heads.scores import SCORE_FUNCTIONS, HeadScores
 from inactive_heads.stats.bootstrap import independent_counts
 from inactive_heads.stats.curves import Curve, common_fraction_range, max_zeroed_within, normalized_auc
@@ -23,51 +22,30 @@ _SHAPES = {"ahon": (0.15, 1.0), "awft": (0.05, 2.0), "ahon_ln": (0.22, 0.5), "ra
 
 def _make_run(root, name, n_layers, n_heads, seed, baseline=0.62):
     g = torch.Generator().manual_seed(seed)
-    run_dir = root / name
-    run = {
-        "model": {"name": name, "identity": {"format": "hub", "spec": name}},
-        "task": "piqa",
-        "shots": 0,
-        "limit": 50,
-        "seed": seed,
-        "package_version": "0.1.0",
-        "n_layers": n_layers,
-        "n_heads": n_heads,
-    }
-    atomic_write_json(run_dir / "run.json", run)
     scores = HeadScores({n: torch.rand(16, n_layers, n_heads, generator=g) + seed for n in _SHAPES}, {"rows": 16})
-    scores.save(run_dir / "calibration" / "scores.safetensors")
-    atomic_write_json(run_dir / "calibration" / "meta.json", {"task": "piqa", "rows": 16})
-    store = ResultStore(run_dir / "cells")
-    base_cell = dict.fromkeys(CELL_FIELDS)
-    base_cell.update(accuracy=baseline, acc_norm=baseline, mean_ll_correct=-1.0, fraction_zeroed=0.0, n_items=50)
-    base_cell.update(per_layer=[0.0] * n_layers, per_head=[[0.0] * n_heads] * n_layers, seconds=1.0)
-    base_cell["run"] = run_digest(run)
-    store.put(cell_key(model=name, score=None), base_cell)
+    shape = (n_layers, n_heads)
+    cells = [make_cell(accuracy=baseline, acc_norm=baseline, mean_ll_correct=-1.0, n_items=50, shape=shape)]
     rng = np.random.default_rng(seed)
     for score, (knee, slope) in _SHAPES.items():
         for p in _TARGETS:
             frac = 0.0 if p == 0 else float(p + rng.uniform(-0.01, 0.01))
             acc = baseline - slope * max(0.0, frac - knee) + float(rng.uniform(-0.002, 0.002))
             per_head = (torch.rand(n_layers, n_heads, generator=g) * 2 * frac).clamp(0, 1).tolist()
-            cell = {
-                "score": score,
-                "target": p,
-                "threshold": 0.1 * p,
-                "inactive_when": SCORE_FUNCTIONS[score].inactive_when,
-                "accuracy": acc,
-                "acc_norm": acc,
-                "mean_ll_correct": -1.0 - frac,
-                "fraction_zeroed": frac,
-                "per_layer": [frac] * n_layers,
-                "per_head": per_head,
-                "n_items": 50,
-                "seconds": 2.0,
-                "run": run_digest(run),
-            }
-            store.put(cell_key(model=name, score=score, threshold=0.1 * p), cell)
-    (run_dir / "cells" / "deadbeef.json").write_text('{"score": "ahon", "accur')  # a torn file must be ignored
-    return run_dir
+            cells.append(
+                make_cell(
+                    score, p, threshold=0.1 * p, accuracy=acc, acc_norm=acc, mean_ll_correct=-1.0 - frac,
+                    fraction_zeroed=frac, shape=shape, per_head=per_head, n_items=50, seconds=2.0,
+                )
+            )  # fmt: skip
+    return make_run(
+        root / name,
+        cells,
+        name=name,
+        shape=shape,
+        evaluation={"shots": 0, "limit": 50, "seed": seed},
+        scores=scores,
+        meta={"task": "piqa", "rows": 16},
+    )
 
 
 def _expected_table2(run_dir):
@@ -118,7 +96,7 @@ def runs(tmp_path_factory):
     return [_make_run(root, "tiny-a", 4, 6, seed=0), _make_run(root, "tiny-b", 6, 4, seed=1, baseline=0.70)]
 
 
-def test_load_run_skips_torn_cells(runs):
+def test_load_run_reads_cells_scores_and_calibration(runs):
     run = load_run(runs[0])
     assert run.name == "tiny-a" and run.baseline == pytest.approx(0.62)
     assert len(run.cells) == 1 + len(_SHAPES) * len(_TARGETS)
@@ -130,6 +108,49 @@ def test_load_run_skips_torn_cells(runs):
 @pytest.fixture(scope="module")
 def report(runs, tmp_path_factory):
     return write_report(runs, tmp_path_factory.mktemp("report"))
+
+
+@pytest.fixture
+def damaged(tmp_path):
+    """A run whose cells include one with a wrong-typed field and one truncated file, beside three valid cells."""
+    cells = [make_cell(accuracy=0.6), make_cell("ahon", 0.1, accuracy=0.6, fraction_zeroed=0.1)]
+    cells.append(make_cell("ahon", 0.2, accuracy=0.5, fraction_zeroed=0.2))
+    run_dir = make_run(tmp_path / "run", cells)
+    valid = json.loads(next((run_dir / "cells").glob("*.json")).read_text())
+    (run_dir / "cells" / "high.json").write_text(json.dumps({**valid, "accuracy": "high"}))
+    (run_dir / "cells" / "torn.json").write_text(json.dumps(valid)[:40])
+    return run_dir
+
+
+def _warned_once_each(record) -> None:
+    messages = [str(w.message) for w in record]
+    assert len(messages) == 2, messages
+    high = next(m for m in messages if "high.json" in m)
+    assert "wrong type ['accuracy']" in high
+    assert any("torn.json" in m and "unreadable" in m for m in messages)
+
+
+def test_load_run_skips_malformed_and_truncated_cells_naming_each_file(damaged):
+    with pytest.warns(UserWarning) as record:
+        run = load_run(damaged)
+    _warned_once_each(record)
+    assert len(run.cells) == 3 and run.baseline == 0.6
+
+
+def test_report_is_written_over_malformed_and_truncated_cells(damaged, tmp_path):
+    import csv
+
+    with pytest.warns(UserWarning) as record:
+        write_report([damaged], tmp_path / "report")
+    _warned_once_each(record)
+    with (tmp_path / "report" / "cells.csv").open(newline="") as f:
+        assert [r["score"] for r in csv.DictReader(f)] == ["baseline", "ahon", "ahon"]
+    # the study's report reads the cells of its planned keys, the damaged ones among them
+    keys = [*RunDir(damaged).cell_store().keys(), "high", "torn"]
+    with pytest.warns(UserWarning) as record:
+        write_study_report([(damaged, keys)], tmp_path / "study-report", n_resamples=10)
+    _warned_once_each(record)
+    assert "3 cells" in (tmp_path / "study-report" / "report.md").read_text()
 
 
 def test_report_table2_matches_analysis_of_stored_cells(runs, report):
@@ -157,12 +178,12 @@ def test_cells_csv_has_every_stored_cell(runs, report):
         rows = [r for r in table if r["model"] == run.name]
         assert len(rows) == len(run.cells) == 1 + len(_SHAPES) * len(_TARGETS)
         assert rows[0]["score"] == "baseline" and rows[0]["target"] == "" and float(rows[0]["delta"]) == 0
-        stored = {(c.get("score") or "baseline", c.get("target")): c for c in run.cells}
+        stored = {(c.score or "baseline", c.target): c for c in run.cells}
         for r in rows:
             cell = stored[r["score"], None if r["target"] == "" else float(r["target"])]
-            assert float(r["accuracy"]) == pytest.approx(cell["accuracy"], rel=1e-5)
-            assert float(r["fraction_zeroed"]) == pytest.approx(cell["fraction_zeroed"], rel=1e-5, abs=1e-9)
-            assert float(r["delta"]) == pytest.approx(cell["accuracy"] - run.baseline, abs=1e-6)
+            assert float(r["accuracy"]) == pytest.approx(cell.accuracy, rel=1e-5)
+            assert float(r["fraction_zeroed"]) == pytest.approx(cell.fraction_zeroed, rel=1e-5, abs=1e-9)
+            assert float(r["delta"]) == pytest.approx(cell.accuracy - run.baseline, abs=1e-6)
             assert r["task"] == "piqa" and r["n_items"] == "50" and r["delta_low"] == r["delta_high"] == ""
             assert r["calibration"] == "calibrated on the evaluated items"
 

@@ -2,78 +2,77 @@
 
 from __future__ import annotations
 
+import tempfile
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+from _runs import make_cell, make_run
 
 from inactive_heads.report.tables import calibration_label, protocol_table, run_bootstrap, threshold_table
-from inactive_heads.runs.directory import RunData
+from inactive_heads.runs.directory import Cell, RunData, load_run
 from inactive_heads.stats.bootstrap import bootstrap_run
 
 IDS = [f"q{i}" for i in range(30)]
 
 
-def _cell(score, target, frac, correct, threshold=None):
-    gold = [0] * len(correct)
-    pred = [0 if c else 1 for c in correct]
-    per_item = {"ids": IDS, "gold": gold, "pred": pred, "pred_norm": pred, "loglikelihoods": []}
-    return {
-        "score": score,
-        "target": target,
-        "threshold": threshold,
-        "fraction_zeroed": frac,
-        "accuracy": float(np.mean(correct)),
-        "per_item": per_item,
-    }
-
-
-def _run(task="piqa", cal_task="piqa", items="heldout", thresholds=(0.5, 0.7), seed=0):
+def _cells(thresholds=(0.5, 0.7), seed=0) -> list[Cell]:
+    """The baseline, then AHON (LN) and AWFT at targets 0.1 and 0.2, each with its answers to the 30 items."""
     rng = np.random.default_rng(seed)
     base = rng.random(30) < 0.7
-    cells = [_cell(None, None, 0.0, base)]
+    cells = [make_cell(correct=base)]
     for k, (target, t) in enumerate(zip((0.1, 0.2), thresholds, strict=True)):
-        cells.append(_cell("ahon_ln", target, target + 0.01, base ^ (rng.random(30) < 0.1 * k), t))
-        cells.append(_cell("awft", target, target, base ^ (rng.random(30) < 0.2 * (k + 1)), 2 * t))
-    meta = {"task": cal_task, "items": items}
-    return RunData(Path("/nonexistent"), {"task": task, "model": {"name": "m"}}, cells, None, meta)
+        flipped = base ^ (rng.random(30) < 0.1 * k)
+        cells.append(make_cell("ahon_ln", target, fraction_zeroed=target + 0.01, correct=flipped, threshold=t))
+        flipped = base ^ (rng.random(30) < 0.2 * (k + 1))
+        cells.append(make_cell("awft", target, fraction_zeroed=target, correct=flipped, threshold=2 * t))
+    return cells
 
 
-def test_run_bootstrap_feeds_per_item_correctness_in_curve_order():
-    run = _run()
+def _run(root, task="piqa", cal_task="piqa", items="heldout", thresholds=(0.5, 0.7), seed=0, *, cells=None, **kw):
+    """A stored run of :func:`_cells` (or ``cells``) on ``task``, calibrated on ``cal_task``; ``kw``: calibration
+    scores (``scores``) and more of the calibration's meta record."""
+    cells = _cells(thresholds, seed) if cells is None else cells
+    scores = kw.pop("scores", None)
+    meta = {"task": cal_task, "items": items, **kw}
+    return load_run(make_run(Path(tempfile.mkdtemp(dir=root)), cells, task=task, scores=scores, meta=meta))
+
+
+def test_run_bootstrap_feeds_per_item_correctness_in_curve_order(tmp_path):
+    run = _run(tmp_path)
     boot = run_bootstrap(run, n_resamples=200, seed=3)
-    base = np.asarray(run.cells[0]["per_item"]["pred"]) == 0
+    base = np.asarray(next(c for c in run.cells if c.score is None).per_item["pred"]) == 0
     curves = {
-        name: [(c["fraction_zeroed"], np.asarray(c["per_item"]["pred"]) == 0) for c in curve.extra["cells"]]
+        name: [(c.fraction_zeroed, np.asarray(c.per_item["pred"]) == 0) for c in curve.extra["cells"]]
         for name, curve in run.curves().items()
     }
     expected = bootstrap_run(base, curves, n_resamples=200, seed=3)
     assert boot is not None and boot.cells == expected.cells and boot.rank == expected.rank
-    assert boot.max_zeroed["ahon_ln"].value == pytest.approx(
-        {r["score"]: r["max_zeroed"] for r in run.table2()}["ahon_ln"]
-    )
+    assert boot.max_zeroed["ahon_ln"].value == pytest.approx({r.score: r.max_zeroed for r in run.table2()}["ahon_ln"])
 
 
-def test_run_bootstrap_is_none_without_per_item_answers_or_with_other_items():
-    run = _run()
-    del run.cells[2]["per_item"]
-    assert run_bootstrap(run) is None
-    run = _run()
-    run.cells[1]["per_item"]["ids"] = list(reversed(IDS))
-    assert run_bootstrap(run) is None
+def test_run_bootstrap_is_none_without_per_item_answers_or_with_other_items(tmp_path):
+    cells = _cells()
+    cells[2] = replace(cells[2], per_item=None)
+    assert run_bootstrap(_run(tmp_path, cells=cells)) is None
+    cells = _cells()
+    cells[1] = replace(cells[1], per_item={**cells[1].per_item, "ids": list(reversed(IDS))})
+    assert run_bootstrap(_run(tmp_path, cells=cells)) is None
 
 
-def test_threshold_table_puts_each_tasks_threshold_side_by_side():
-    header, rows = threshold_table([_run("piqa", "piqa"), _run("arc_easy", "arc_easy", thresholds=(0.6, 0.7))])
+def test_threshold_table_puts_each_tasks_threshold_side_by_side(tmp_path):
+    piqa, arc = _run(tmp_path, "piqa", "piqa"), _run(tmp_path, "arc_easy", "arc_easy", thresholds=(0.6, 0.7))
+    header, rows = threshold_table([piqa, arc])
     assert header[2:4] == ["threshold on piqa", "threshold on arc_easy"]
     by = {(r[0], r[1]): r for r in rows}
     assert by[("AHON (LN)", "0.1")][2:] == ["0.5", "0.6", f"{0.1 / 0.55:.3f}"]
     assert by[("AHON (LN)", "0.2")][4] == "0.000"
-    assert threshold_table([_run()]) is None
+    assert threshold_table([_run(tmp_path)]) is None
 
 
-def test_threshold_spread_interval_is_a_bootstrap_of_each_tasks_calibration_items():
+def test_threshold_spread_interval_is_a_bootstrap_of_each_tasks_calibration_items(tmp_path):
     """With calibration scores and their rows' items, the spread gets an interval: each task's items resampled on
     their own, thresholds of the repeated rows, spread per resample, percentiles."""
     from inactive_heads.scores import HeadScores
@@ -85,13 +84,12 @@ def test_threshold_spread_interval_is_a_bootstrap_of_each_tasks_calibration_item
     for task, n_items, rows_per in (("piqa", 8, 2), ("arc_easy", 6, 3)):
         x = rng.gamma(2.0, size=(n_items * rows_per, 2, 3)).astype(np.float32)
         values[task], items[task] = x, np.repeat(np.arange(n_items), rows_per)
-        run = _run(task, task)
+        cells = [  # the sweep's thresholds for these scores
+            replace(c, threshold=thresholds_from_cdf(x, "below", [c.target])[0]) if c.score == "ahon_ln" else c
+            for c in _cells()
+        ]
         ahon = HeadScores({"ahon_ln": torch.from_numpy(x)})
-        run = RunData(run.dir, run.run, run.cells, ahon, {**run.calibration_meta, "row_items": items[task].tolist()})
-        for c in run.cells:  # the sweep's thresholds for these scores
-            if c["score"] == "ahon_ln":
-                c["threshold"] = thresholds_from_cdf(x, "below", [c["target"]])[0]
-        runs.append(run)
+        runs.append(_run(tmp_path, task, task, cells=cells, scores=ahon, row_items=items[task].tolist()))
     header, rows = threshold_table(runs, n_resamples=50, seed=9)
     assert header[-1] == "spread (max − min) / |median| [95% CI]"
     row = next(r for r in rows if r[:2] == ["AHON (LN)", "0.1"])
@@ -112,13 +110,13 @@ def test_threshold_spread_interval_is_a_bootstrap_of_each_tasks_calibration_item
     assert " [" not in next(r for r in rows if r[0] == "AWFT")[4]
 
 
-def test_scores_flat_within_layers_names_scores_that_cannot_rank_a_layers_heads():
+def test_scores_flat_within_layers_names_scores_that_cannot_rank_a_layers_heads(tmp_path):
     from inactive_heads.report.tables import scores_flat_within_layers
     from inactive_heads.scores import HeadScores
 
     per_layer = torch.rand(6, 3, 1).expand(6, 3, 4)  # one value per (row, layer): 4 heads sharing one KV head
     varied = torch.rand(6, 3, 4)
-    run = _run()
+    run = _run(tmp_path)
     run = RunData(run.dir, run.run, run.cells, HeadScores({"ahon_ln": per_layer, "awft": varied}))
     assert scores_flat_within_layers(run) == ["ahon_ln"]
     almost = per_layer.clone()
@@ -127,8 +125,9 @@ def test_scores_flat_within_layers_names_scores_that_cannot_rank_a_layers_heads(
     assert scores_flat_within_layers(run) == []
 
 
-def test_protocol_table_lines_up_cells_of_one_task_under_each_calibration():
-    same, held, moved = _run(items="same"), _run(seed=1), _run(cal_task="arc_easy", items="same", seed=2)
+def test_protocol_table_lines_up_cells_of_one_task_under_each_calibration(tmp_path):
+    same, held = _run(tmp_path, items="same"), _run(tmp_path, seed=1)
+    moved = _run(tmp_path, cal_task="arc_easy", items="same", seed=2)
     assert [calibration_label(r) for r in (same, held, moved)] == [
         "calibrated on the evaluated items",
         "held-out calibration",
@@ -138,13 +137,13 @@ def test_protocol_table_lines_up_cells_of_one_task_under_each_calibration():
     labels = [calibration_label(r) for r in (same, held, moved)]
     assert header == ["score", "target", *labels, "on the evaluated items − held-out", "on arc_easy − held-out"]
     assert [r[:2] for r in rows] == [["AWFT", "0.1"], ["AWFT", "0.2"], ["AHON (LN)", "0.1"], ["AHON (LN)", "0.2"]]
-    cell = next(c for c in same.cells if c["score"] == "ahon_ln" and c["target"] == 0.1)
+    cell = next(c for c in same.cells if c.score == "ahon_ln" and c.target == 0.1)
     row = next(r for r in rows if r[:2] == ["AHON (LN)", "0.1"])
-    assert row[2] == f"{100 * (cell['accuracy'] - same.baseline):+.1f} at 11.0%"
+    assert row[2] == f"{100 * (cell.accuracy - same.baseline):+.1f} at 11.0%"
     assert row[3].count("[") == 1 and row[3].endswith("at 11.0%")
     # Against the held-out calibration (the reference): the paired difference over the same items, as a loop.
-    held_cell = next(c for c in held.cells if c["score"] == "ahon_ln" and c["target"] == 0.1)
-    x, y = (np.asarray(c["per_item"]["pred"]) == 0 for c in (cell, held_cell))
+    held_cell = next(c for c in held.cells if c.score == "ahon_ln" and c.target == 0.1)
+    x, y = (np.asarray(c.per_item["pred"]) == 0 for c in (cell, held_cell))
     draws = np.random.default_rng(0).integers(0, 30, size=(300, 30))
     diffs = [100 * (x[i].mean() - y[i].mean()) for i in draws]
     lo, hi = np.percentile(diffs, [2.5, 97.5])

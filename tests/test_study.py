@@ -186,8 +186,8 @@ def test_local_study_computes_every_cell_and_writes_one_report(local_run, tmp_pa
         # the report's delta figure draws these intervals: per score panel, the line at each cell's Δ, the band
         fig = delta_figure(run, boot.cells)
         for ax, name in zip(fig.axes, run.curves(), strict=False):
-            cells = sorted((c for c in run.cells if c.get("score") == name), key=lambda c: c["fraction_zeroed"])
-            want = [boot.cells[name, float(c["fraction_zeroed"])] for c in cells]
+            cells = sorted((c for c in run.cells if c.score == name), key=lambda c: c.fraction_zeroed)
+            want = [boot.cells[name, float(c.fraction_zeroed)] for c in cells]
             line = next(ln for ln in ax.get_lines() if ln.get_marker() == "o")
             assert list(line.get_ydata()) == pytest.approx([0.0, *(100 * iv.value for iv in want)])
             band = ax.collections[0].get_paths()[0].vertices[:, 1]
@@ -370,6 +370,23 @@ def test_the_report_names_runs_still_being_computed(local_run, workspace, tmp_pa
         in md
     )
     assert md.count("planned cells stored so far") == 1 and "2 of 3 planned cells stored so far" in md
+
+
+def test_report_only_skips_malformed_and_truncated_cells_naming_each(local_run, workspace, tmp_path):
+    out = tmp_path / "study"
+    shutil.copytree(local_run.out, out, copy_function=shutil.copy2)
+    run = next((out / "runs").glob("llama--recall-*"))
+    cells = sorted((run / "cells").glob("*.json"))
+    high, torn = (p for p in cells if json.loads(p.read_text())["score"] is not None)
+    high.write_text(json.dumps({**json.loads(high.read_text()), "accuracy": "high"}))
+    torn.write_text(torn.read_text()[:50])
+    with pytest.warns(UserWarning) as record:
+        assert main(["study", str(_study_file(workspace)), "--out", str(out), "--report-only"]) in (0, None)
+    warned = [str(w.message) for w in record]
+    assert sum(high.name in m and "wrong type ['accuracy']" in m for m in warned) == 1
+    assert sum(torn.name in m and "unreadable" in m for m in warned) == 1
+    md = (out / "report" / "report.md").read_text()
+    assert "llama (recall (0-shot, 6 items; calibrated on the evaluated items): 1 of 3 cells)" in md
 
 
 def test_an_executor_is_one_registered_class(local_run, workspace, tmp_path):

@@ -42,8 +42,8 @@ def test_matches_a_loop_over_explicit_resamples():
                 diffs.setdefault((s, f), []).append(acc - b)
             rows.append(Curve(s, pts, b))
         for row in table2(rows):
-            maxz[row["score"]].append(row["max_zeroed"])
-            ranks[row["score"]].append(row["rank"])
+            maxz[row.score].append(row.max_zeroed)
+            ranks[row.score].append(row.rank)
     for key, values in diffs.items():
         lo, hi = np.percentile(values, [2.5, 97.5])
         assert boot.cells[key].low == pytest.approx(lo) and boot.cells[key].high == pytest.approx(hi)

@@ -163,11 +163,11 @@ def _print_table2(run_dir: Path) -> None:
     header = ["score", "label", "max % zeroed within 1 pt", "AUC", "rank"]
     rows = [
         [
-            str(row["score"]),
-            str(row["label"]),
+            row.score,
+            row.label,
             max_zeroed_text(row, fmt=".2f"),
-            f"{float(row['auc']):.3f}",  # type: ignore[arg-type]
-            f"{float(row['rank']):.1f}",  # type: ignore[arg-type]
+            f"{row.auc:.3f}",
+            f"{row.rank:.1f}",
         ]
         for row in run.table2()
     ]

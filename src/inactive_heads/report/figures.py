@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import InactiveHeadsError
-from ..runs.directory import RunData, score_label
+from ..runs.directory import Cell, RunData, score_label
 from ..scores import SCORE_FUNCTIONS
 from ..stats.bootstrap import Interval
 from ..stats.curves import TABLE2_TOLERANCE
@@ -93,7 +93,7 @@ def delta_figure(run: RunData, cells: Mapping[tuple[str, float], Interval]) -> A
     def points(name: str) -> tuple[list[float], list[float], list[float], list[float]]:
         xs, ys, lo, hi = [0.0], [0.0], [0.0], [0.0]
         for c in curves[name].extra["cells"]:
-            frac = float(c["fraction_zeroed"])
+            frac = float(c.fraction_zeroed)
             iv = cells.get((name, frac))
             if iv is not None:
                 xs.append(100 * frac)
@@ -181,20 +181,17 @@ def cdf_figure(runs: Sequence[RunData]) -> Any | None:
     return fig
 
 
-def head_heatmap(run: RunData, name: str, cell: dict[str, Any]) -> Any:
-    """How often each (layer, head) was zeroed in ``cell`` (which must have a :meth:`RunData.head_frequency`)."""
-    freq = run.head_frequency(cell)
-    if freq is None:
-        raise InactiveHeadsError(f"cell of {name} has no per-head fractions and none can be derived")
+def head_heatmap(run: RunData, name: str, cell: Cell) -> Any:
+    """How often each (layer, head) was zeroed in ``cell`` (its measured ``per_head`` fractions)."""
+    freq = np.asarray(cell.per_head, dtype=float)
     fig = figure(1.5 + 0.22 * freq.shape[1], 1.2 + 0.16 * freq.shape[0])
     ax = fig.add_subplot()
     im = ax.imshow(freq, cmap="magma", vmin=0, vmax=1, aspect="auto", interpolation="nearest")
     ax.set_xlabel("head")
     ax.set_ylabel("layer")
-    target = cell.get("target")
     ax.set_title(
-        f"{run.name}: how often each head is zeroed\n{score_label(name)}, target {target}, "
-        f"{100 * cell['fraction_zeroed']:.1f}% zeroed",
+        f"{run.name}: how often each head is zeroed\n{score_label(name)}, target {cell.target}, "
+        f"{100 * cell.fraction_zeroed:.1f}% zeroed",
         fontsize=9,
     )
     fig.colorbar(im, ax=ax, label="fraction of rows zeroed")

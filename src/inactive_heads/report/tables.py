@@ -13,7 +13,7 @@ import numpy as np
 import torch
 
 from ..generation import cascade
-from ..runs.directory import RunData, score_label
+from ..runs.directory import Cell, RunData, score_label
 from ..scores import SCORE_FUNCTIONS
 from ..stats.bootstrap import (
     DEFAULT_RESAMPLES,
@@ -25,6 +25,7 @@ from ..stats.bootstrap import (
     item_index,
     percentile_interval,
 )
+from ..stats.curves import Table2Row
 from ..stats.overlap import Overlap, overlap, threshold_spread
 from ..stats.thresholds import resampled_thresholds
 
@@ -52,8 +53,8 @@ def calibration_label(run: RunData) -> str:
     return "held-out calibration" if meta.get("items") == "heldout" else "calibrated on the evaluated items"
 
 
-def _correct(cell: dict[str, Any], ids: list[Any] | None) -> np.ndarray | None:
-    per_item = cell.get("per_item")
+def _correct(cell: Cell, ids: list[Any] | None) -> np.ndarray | None:
+    per_item = cell.per_item
     if per_item is None or (ids is not None and per_item.get("ids") != ids):
         return None
     correct: np.ndarray = np.asarray(per_item["pred"]) == np.asarray(per_item["gold"])
@@ -63,10 +64,10 @@ def _correct(cell: dict[str, Any], ids: list[Any] | None) -> np.ndarray | None:
 def run_bootstrap(run: RunData, n_resamples: int = 1000, seed: int = 0) -> Bootstrap | None:
     """:func:`~inactive_heads.stats.bootstrap.bootstrap_run` over a run's stored cells; None when a cell lacks its
     per-item answers (cells stored before they were kept) or the cells disagree on the items."""
-    base = next((c for c in run.cells if c.get("score") is None), None)
-    if base is None or base.get("per_item") is None:
+    base = next((c for c in run.cells if c.score is None), None)
+    if base is None or base.per_item is None:
         return None
-    ids = base["per_item"].get("ids")
+    ids = base.per_item.get("ids")
     baseline = _correct(base, ids)
     curves = {}
     for name, curve in run.curves().items():
@@ -75,7 +76,7 @@ def run_bootstrap(run: RunData, n_resamples: int = 1000, seed: int = 0) -> Boots
             correct = _correct(c, ids)
             if correct is None:
                 return None
-            points.append((float(c["fraction_zeroed"]), correct))
+            points.append((float(c.fraction_zeroed), correct))
         curves[name] = points
     assert baseline is not None
     return bootstrap_run(baseline, curves, n_resamples=n_resamples, seed=seed)
@@ -100,12 +101,12 @@ def interval_text(iv: Interval, scale: float = 100.0, fmt: str = ".1f", signed: 
     return f"{iv.value * scale:{sign}{fmt}} [{iv.low * scale:{sign}{fmt}}, {iv.high * scale:{sign}{fmt}}]"
 
 
-def max_zeroed_text(row: dict[str, object], iv: Interval | None = None, fmt: str = ".1f") -> str:
+def max_zeroed_text(row: Table2Row, iv: Interval | None = None, fmt: str = ".1f") -> str:
     """A Table-2 value in % (with its interval): ``≥`` marks a lower bound, a curve still within tolerance at the
-    largest fraction measured (``row["lower_bound"]``, :func:`~inactive_heads.stats.curves.table2`)."""
-    mark = "≥" if row.get("lower_bound") else ""
+    largest fraction measured (:attr:`~inactive_heads.stats.curves.Table2Row.lower_bound`)."""
+    mark = "≥" if row.lower_bound else ""
     if iv is None:
-        return f"{mark}{100 * float(row['max_zeroed']):{fmt}}"  # type: ignore[arg-type]
+        return f"{mark}{100 * row.max_zeroed:{fmt}}"
     return mark + interval_text(iv, fmt=fmt)
 
 
@@ -213,8 +214,8 @@ def threshold_table(runs: Sequence[RunData], n_resamples: int = DEFAULT_RESAMPLE
     for run in runs:
         task = str(run.calibration_meta.get("task", run.run.get("task")))
         for c in run.cells:
-            if c.get("score") is not None and c.get("threshold") is not None:
-                by_task.setdefault(task, {})[(c["score"], float(c["target"]))] = float(c["threshold"])
+            if c.score is not None and c.target is not None and c.threshold is not None:
+                by_task.setdefault(task, {})[(c.score, float(c.target))] = float(c.threshold)
                 run_of.setdefault(task, run)
     if len(by_task) < 2:
         return None
@@ -254,7 +255,9 @@ def protocol_table(
     if len(variants) < 2:
         return None
     runs = [r for r, _ in variants]
-    stored = [{(str(c["score"]), float(c["target"])): c for c in r.cells if c.get("score") is not None} for r in runs]
+    stored = [
+        {(c.score, float(c.target)): c for c in r.cells if c.score is not None and c.target is not None} for r in runs
+    ]
     keys = sorted(
         {k for cells in stored for k in cells if sum(k in t for t in stored) >= 2},
         key=lambda k: (_score_order(runs, k[0]), k[1]),
@@ -269,18 +272,18 @@ def protocol_table(
         (run, boot), c = variants[i], stored[i].get(key)
         if c is None:
             return "–"
-        iv = None if boot is None else boot.cells.get((key[0], float(c["fraction_zeroed"])))
-        delta = f"{100 * (c['accuracy'] - run.baseline):+.1f}" if iv is None else interval_text(iv, signed=True)
-        return f"{delta} at {100 * c['fraction_zeroed']:.1f}%"
+        iv = None if boot is None else boot.cells.get((key[0], float(c.fraction_zeroed)))
+        delta = f"{100 * (c.accuracy - run.baseline):+.1f}" if iv is None else interval_text(iv, signed=True)
+        return f"{delta} at {100 * c.fraction_zeroed:.1f}%"
 
     def versus(i: int, key: tuple[str, float]) -> str:
         a, b = stored[i].get(key), stored[ref].get(key)
         if a is None or b is None:
             return "–"
-        ids = (b.get("per_item") or {}).get("ids")
+        ids = (b.per_item or {}).get("ids")
         x, y = _correct(a, ids), _correct(b, ids)
         if x is None or y is None:
-            return f"{100 * (a['accuracy'] - b['accuracy']):+.1f}"
+            return f"{100 * (a.accuracy - b.accuracy):+.1f}"
         return interval_text(bootstrap_difference(x, y, n_resamples=n_resamples, seed=seed), signed=True)
 
     def short(label: str) -> str:
@@ -299,30 +302,29 @@ def cascade_table(runs: Sequence[RunData]) -> Table | None:
     and generation speed against the run's baseline; None when no run stored generated tokens."""
     rows = []
     for run in runs:
-        base = next((c for c in run.cells if c.get("score") is None and c.get("generation")), None)
-        if base is None:
+        generated = [(c, c.generation) for c in run.cells if c.generation]
+        base, base_gen = next(((c, g) for c, g in generated if c.score is None), (None, None))
+        if base is None or base_gen is None:
             continue
-        base_gen = base["generation"]
         cells = sorted(
-            (c for c in run.cells if c.get("score") is not None and c.get("generation")),
-            key=lambda c: (_score_order([run], c["score"]), float(c["target"])),
+            ((c.score, c.target, c, g) for c, g in generated if c.score is not None and c.target is not None),
+            key=lambda t: (_score_order([run], t[0]), float(t[1])),
         )
         rows.append(
-            [str(base_gen["mode"]), "baseline", "–", "0.0", f"{100 * base['accuracy']:.1f}", "–", "100", "–",
+            [str(base_gen["mode"]), "baseline", "–", "0.0", f"{100 * base.accuracy:.1f}", "–", "100", "–",
              f"{base_gen['tokens_per_s']:.1f}", "1.00x", "–"]
         )  # fmt: skip
-        for c in cells:
-            gen = c["generation"]
-            if (c.get("per_item") or {}).get("ids") != (base.get("per_item") or {}).get("ids"):
+        for score, target, c, gen in cells:
+            if (c.per_item or {}).get("ids") != (base.per_item or {}).get("ids"):
                 continue  # other items than the baseline's: nothing to compare token by token
             found = cascade(base_gen["generated_tokens"], gen["generated_tokens"])
             quartiles = found["divergence_quartiles"]
             spread = "–" if quartiles[1] is None else " / ".join(f"{q:.0f}" for q in quartiles)
             speed = gen["tokens_per_s"] / max(base_gen["tokens_per_s"], 1e-9)
             rows.append(
-                [str(gen["mode"]), score_label(c["score"]), f"{float(c['target']):g}",
-                 f"{100 * c['fraction_zeroed']:.1f}", f"{100 * c['accuracy']:.1f}",
-                 f"{100 * (c['accuracy'] - base['accuracy']):+.1f}", f"{100 * found['identical']:.0f}", spread,
+                [str(gen["mode"]), score_label(score), f"{float(target):g}",
+                 f"{100 * c.fraction_zeroed:.1f}", f"{100 * c.accuracy:.1f}",
+                 f"{100 * (c.accuracy - base.accuracy):+.1f}", f"{100 * found['identical']:.0f}", spread,
                  f"{gen['tokens_per_s']:.1f}", f"{speed:.2f}x", _kv_dropped(gen)]
             )  # fmt: skip
     if not rows:

@@ -13,10 +13,10 @@ import numpy as np
 
 from ..atomic import atomic_write_bytes, atomic_write_text
 from ..errors import InactiveHeadsError
-from ..runs.directory import RunData, RunDir, load_run, score_label, slug
+from ..runs.directory import Cell, RunData, load_run, score_label, slug
 from ..scores import SCORE_FUNCTIONS
 from ..stats.bootstrap import Bootstrap, Interval
-from ..stats.curves import spearman, top_k_iou, within_tolerance
+from ..stats.curves import Table2Row, spearman, top_k_iou, within_tolerance
 from ..stats.distances import wasserstein_table
 from .compare import score_distances, series_distances
 from .document import Document, linked_images
@@ -37,27 +37,20 @@ from .tables import (
 __all__ = ["write_report", "write_study_report"]
 
 
-def _best_cell(run: RunData, rows: list[dict[str, object]]) -> tuple[str, dict[str, Any]] | None:
+def _best_cell(run: RunData, rows: list[Table2Row]) -> tuple[str, Cell] | None:
     # The best score function (random only if it is the only one) at its largest within-1-point target.
-    ordered = [r["score"] for r in rows if r["score"] != "random"] + ["random"]
+    ordered = [r.score for r in rows if r.score != "random"] + ["random"]
     curves = run.curves()
     for name in ordered:
         if name not in curves:
             continue
-        cells = [
-            c
-            for c in curves[name].extra["cells"]
-            if within_tolerance(c["accuracy"], run.baseline) and run.head_frequency(c) is not None
-        ]
+        cells = [c for c in curves[name].extra["cells"] if within_tolerance(c.accuracy, run.baseline)]
         if cells:
-            return str(name), max(cells, key=lambda c: c["fraction_zeroed"])
+            return name, max(cells, key=lambda c: c.fraction_zeroed)
     # No cell stays within 1 point: show the best score function's mildest intervention.
     for name in ordered:
-        cells = [
-            c for c in (curves[name].extra["cells"] if name in curves else []) if run.head_frequency(c) is not None
-        ]
-        if cells:
-            return str(name), min(cells, key=lambda c: c["fraction_zeroed"])
+        if name in curves:
+            return name, min(curves[name].extra["cells"], key=lambda c: c.fraction_zeroed)
     return None
 
 
@@ -74,22 +67,17 @@ def _fmt_pct(fraction: float) -> str:
     return f"{100 * fraction:.1f}"
 
 
-def _table2_rows(rows: list[dict[str, object]]) -> list[list[str]]:
+def _table2_rows(rows: list[Table2Row]) -> list[list[str]]:
     def auc(value: float) -> str:
         return "–" if math.isnan(value) else f"{value:.3f}"  # no AUC: the score zeroes no heads
 
-    return [
-        [str(r["score"]), str(r["label"]), max_zeroed_text(r), auc(float(r["auc"])), f"{r['rank']:g}"]  # type: ignore[arg-type]
-        for r in rows
-    ]
+    return [[r.score, r.label, max_zeroed_text(r), auc(r.auc), f"{r.rank:g}"] for r in rows]
 
 
-def _sorted_cells(run: RunData) -> list[dict[str, Any]]:
+def _sorted_cells(run: RunData) -> list[Cell]:
     """The baseline first, then each score function's cells by target, score functions in the run's order."""
     order: dict[str | None, int] = {n: k for k, n in enumerate(run.score_names)}
-    return sorted(
-        run.cells, key=lambda c: (c.get("score") is not None, order.get(c.get("score"), -1), c.get("target") or 0.0)
-    )
+    return sorted(run.cells, key=lambda c: (c.score is not None, order.get(c.score, -1), c.target or 0.0))
 
 
 def _cell_rows(run: RunData, boot: Bootstrap | None = None) -> list[list[str]]:
@@ -101,28 +89,28 @@ def _cell_rows(run: RunData, boot: Bootstrap | None = None) -> list[list[str]]:
 
     return [
         [
-            str(c.get("score") or "baseline"),
-            num(c.get("target"), "g"),
-            num(c.get("threshold"), ".4g"),
-            _fmt_pct(float(c["fraction_zeroed"])),
-            f"{100 * c['accuracy']:.2f}",
-            f"{100 * (c['accuracy'] - base):+.2f}",
+            c.score or "baseline",
+            num(c.target, "g"),
+            num(c.threshold, ".4g"),
+            _fmt_pct(float(c.fraction_zeroed)),
+            f"{100 * c.accuracy:.2f}",
+            f"{100 * (c.accuracy - base):+.2f}",
             *([] if boot is None else [_delta_interval(boot, c)]),
-            num(c.get("mean_ll_correct"), ".4f"),
-            num(c.get("seconds"), ".0f"),
+            num(c.mean_ll_correct, ".4f"),
+            num(c.seconds, ".0f"),
         ]
         for c in cells
     ]
 
 
-def _cell_interval(boot: Bootstrap | None, cell: dict[str, Any]) -> Interval | None:
+def _cell_interval(boot: Bootstrap | None, cell: Cell) -> Interval | None:
     """The bootstrap interval of a score cell's accuracy difference to baseline; None for the baseline."""
-    if boot is None or cell.get("score") is None:
+    if boot is None or cell.score is None:
         return None
-    return boot.cells.get((str(cell["score"]), float(cell["fraction_zeroed"])))
+    return boot.cells.get((cell.score, float(cell.fraction_zeroed)))
 
 
-def _delta_interval(boot: Bootstrap, cell: dict[str, Any]) -> str:
+def _delta_interval(boot: Bootstrap, cell: Cell) -> str:
     iv = _cell_interval(boot, cell)
     return "–" if iv is None else f"[{100 * iv.low:+.1f}, {100 * iv.high:+.1f}]"
 
@@ -149,10 +137,10 @@ def _cells_csv(runs: Sequence[RunData], boots: Sequence[Bootstrap | None]) -> st
             iv = _cell_interval(boot, c)
             writer.writerow(
                 [
-                    run.name, cfg.get("task"), cfg.get("shots"), cfg.get("limit"), label, c.get("score") or "baseline",
-                    num(c.get("target")), num(c.get("threshold")), num(c["fraction_zeroed"]), num(c["accuracy"]),
-                    num(c["accuracy"] - run.baseline), num(iv and iv.low), num(iv and iv.high),
-                    num(c.get("acc_norm")), c.get("n_items"),
+                    run.name, cfg.get("task"), cfg.get("shots"), cfg.get("limit"), label, c.score or "baseline",
+                    num(c.target), num(c.threshold), num(c.fraction_zeroed), num(c.accuracy),
+                    num(c.accuracy - run.baseline), num(iv and iv.low), num(iv and iv.high),
+                    num(c.acc_norm), c.n_items,
                 ]
             )  # fmt: skip
     return out.getvalue()
@@ -217,9 +205,7 @@ def _write(doc: Document, out_dir: Path, title: str, cells_csv: str) -> tuple[Pa
     return md_path, html_path
 
 
-def _run_section(
-    doc: Document, run: RunData, rows: list[dict[str, object]], tag: str, boot: Bootstrap | None = None
-) -> None:
+def _run_section(doc: Document, run: RunData, rows: list[Table2Row], tag: str, boot: Bootstrap | None = None) -> None:
     """One run: its settings, its Table 2, the curves, the zeroed-heads map of its best cell, and every cell."""
     cfg = run.settings
     doc.p(
@@ -280,14 +266,14 @@ def _cascade_section(doc: Document, runs: Sequence[RunData]) -> None:
 def _ranks_section(
     doc: Document,
     models: list[str],
-    all_rows: list[list[dict[str, object]]],
+    all_rows: list[list[Table2Row]],
     filename: str,
     boots: Sequence[Bootstrap | None] = (),
 ) -> None:
     """The rank heatmap of ``models`` (one Table 2 each, with bootstrap intervals where given) and, for two or
     more, their pairwise rank agreement."""
-    names = [n for n in SCORE_FUNCTIONS if any(r["score"] == n for rows in all_rows for r in rows)]
-    ranks = [{str(r["score"]): float(r["rank"]) for r in rows} for rows in all_rows]  # type: ignore[arg-type]
+    names = [n for n in SCORE_FUNCTIONS if any(r.score == n for rows in all_rows for r in rows)]
+    ranks = [{r.score: r.rank for r in rows} for rows in all_rows]
     intervals = [
         {} if b is None else {n: (iv.low, iv.high) for n, iv in b.rank.items()} for b in (boots or [None] * len(models))
     ]
@@ -329,7 +315,8 @@ def write_study_report(
     flag, the thresholds of each task side by side, and one task's cells under different calibrations.
     """
     planned = [None if keys is None else list(keys) for _, keys in runs]
-    loaded = [_shown(load_run(d), keys) for (d, _), keys in zip(runs, planned, strict=True)]
+    # A study's run directory may also hold cells of an earlier version of the study: show only the current ones.
+    loaded = [load_run(d, keys) for (d, _), keys in zip(runs, planned, strict=True)]
     if not loaded:
         raise InactiveHeadsError("no run directories given")
     # Runs still being computed: their values and ranks cover only the cells stored so far.
@@ -435,15 +422,6 @@ def write_study_report(
     return _write(doc, Path(out_dir), title, _cells_csv(loaded, [boots[id(r)] for r in loaded]))
 
 
-def _shown(run: RunData, keys: Iterable[str] | None) -> RunData:
-    # A study's run directory may also hold cells of an earlier version of the study: show only the current ones.
-    if keys is None:
-        return run
-    store = RunDir(run.dir).cell_store()
-    cells = [store.get(k) for k in keys if store.has(k)]
-    return RunData(run.dir, run.run, cells, run.scores, run.calibration_meta)
-
-
 def _task_label(run: RunData) -> str:
     cfg = run.settings
     limit = "all items" if cfg.get("limit") is None else f"{cfg.get('limit')} items"
@@ -475,7 +453,7 @@ def _calibrations(runs: Sequence[RunData]) -> dict[tuple[Any, ...], RunData]:
 def _overlap_section(doc: Document, runs: Sequence[RunData], n_resamples: int, seed: int) -> None:
     shown = False
     for n, run in enumerate(_calibrations(runs).values()):
-        targets = sorted({float(c["target"]) for c in run.cells if c.get("target") is not None})
+        targets = sorted({float(c.target) for c in run.cells if c.target is not None})
         overlaps = run_overlaps(run, targets, n_resamples, seed)
         if not overlaps:
             continue
@@ -539,27 +517,27 @@ def _protocol_section(doc: Document, runs: Sequence[RunData], boots: dict[int, B
 
 
 def _table2_across(
-    runs: Sequence[RunData], all_rows: list[list[dict[str, object]]], boots: Sequence[Bootstrap | None] = ()
+    runs: Sequence[RunData], all_rows: list[list[Table2Row]], boots: Sequence[Bootstrap | None] = ()
 ) -> tuple[list[str], list[list[str]]]:
     """One row per score function, one column per model: max % zeroed within 1 pt and its rank (with bootstrap
     intervals where given); mean rank."""
     boots = list(boots) or [None] * len(runs)
-    per_model = [{str(r["score"]): r for r in rows} for rows in all_rows]
+    per_model = [{r.score: r for r in rows} for rows in all_rows]
     names = [n for n in SCORE_FUNCTIONS if any(n in m for m in per_model)]
     names += sorted({n for m in per_model for n in m} - set(names))
     rows = []
     for n in names:
         found = [m.get(n) for m in per_model]
-        ranks = [float(r["rank"]) for r in found if r is not None]  # type: ignore[arg-type]
+        ranks = [r.rank for r in found if r is not None]
         shown = [_table2_cell(r, b, n) for r, b in zip(found, boots, strict=True)]
         rows.append([n, score_label(n), *shown, f"{np.mean(ranks):.2f}" if ranks else "–"])
     return ["score", "label", *(r.name for r in runs), "mean rank"], rows
 
 
-def _table2_cell(row: dict[str, object] | None, boot: Bootstrap | None, name: str) -> str:
+def _table2_cell(row: Table2Row | None, boot: Bootstrap | None, name: str) -> str:
     if row is None:
         return "–"
     if boot is None or name not in boot.max_zeroed:
-        return f"{max_zeroed_text(row)} ({row['rank']:g})"
+        return f"{max_zeroed_text(row)} ({row.rank:g})"
     rank = boot.rank[name]
-    return f"{max_zeroed_text(row, boot.max_zeroed[name])} ({row['rank']:g} [{rank.low:g}–{rank.high:g}])"
+    return f"{max_zeroed_text(row, boot.max_zeroed[name])} ({row.rank:g} [{rank.low:g}–{rank.high:g}])"

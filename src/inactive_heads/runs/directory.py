@@ -26,7 +26,7 @@ import json
 import os
 import re
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import MISSING, asdict, dataclass, field, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -40,7 +40,7 @@ from .._model import removed_heads
 from ..atomic import atomic_write_json, canonical_json
 from ..errors import InactiveHeadsError
 from ..scores import SCORE_FUNCTIONS, HeadScores
-from ..stats.curves import TABLE2_TOLERANCE, Curve, table2, zero_frequency
+from ..stats.curves import TABLE2_TOLERANCE, Curve, Table2Row, table2
 from .store import ResultStore, package_version
 
 if TYPE_CHECKING:
@@ -67,8 +67,6 @@ RUN_FIELDS = ("model", "task", "task_items", "evaluation", "package_version", "n
 # Keys of the run that must match for cells of an existing run directory to be reused.
 # What the answers depend on: a run directory is reused only when all of it matches (see run_digest).
 _RUN_MATCH = ("model", "task", "task_items", "evaluation", "package_version")
-# What a cell needs to be drawn in a report; cells missing other fields still show.
-_REPORTED_FIELDS = ("score", "accuracy", "fraction_zeroed")
 
 
 # --- identity ----------------------------------------------------------------------------------------------------
@@ -297,7 +295,8 @@ class Cell:
         missing = [f for f in CELL_FIELDS if f not in obj]
         wrong = [f for f, ok in _CELL_TYPES.items() if f in obj and not ok(obj[f])]
         if missing or wrong:
-            raise InactiveHeadsError(f"malformed cell: missing {missing}, wrong type {wrong}")
+            problems = [f"{what} {names}" for what, names in (("missing", missing), ("wrong type", wrong)) if names]
+            raise InactiveHeadsError(f"malformed cell: {', '.join(problems)}")
         return cls(**{f.name: obj.get(f.name) for f in fields(cls)})  # type: ignore[arg-type]  # checked above
 
 
@@ -428,7 +427,7 @@ class RunData:
 
     dir: Path
     run: dict[str, Any]
-    cells: list[dict[str, Any]]
+    cells: list[Cell]
     scores: HeadScores | None = None
     calibration_meta: dict[str, Any] = field(default_factory=dict)
 
@@ -452,14 +451,14 @@ class RunData:
     def baseline(self) -> float:
         """Accuracy of the baseline cell (``score`` null)."""
         for c in self.cells:
-            if c.get("score") is None:
-                return float(c["accuracy"])
+            if c.score is None:
+                return float(c.accuracy)
         raise InactiveHeadsError(f"run {self.dir} has no baseline cell (score null)")
 
     @property
     def score_names(self) -> list[str]:
         """Score functions with at least one cell, in registry order (unknown names last, sorted)."""
-        present = {c["score"] for c in self.cells if c.get("score") is not None}
+        present = {c.score for c in self.cells if c.score is not None}
         return [n for n in SCORE_FUNCTIONS if n in present] + sorted(present - set(SCORE_FUNCTIONS))
 
     @property
@@ -476,42 +475,30 @@ class RunData:
         out = {}
         base = self.baseline
         for name in self.score_names:
-            cells = sorted((c for c in self.cells if c.get("score") == name), key=lambda c: c["fraction_zeroed"])
+            cells = sorted((c for c in self.cells if c.score == name), key=lambda c: c.fraction_zeroed)
             out[name] = Curve(
                 name,
-                [(float(c["fraction_zeroed"]), float(c["accuracy"])) for c in cells],
+                [(float(c.fraction_zeroed), float(c.accuracy)) for c in cells],
                 base,
                 label=score_label(name),
                 extra={"cells": cells},
             )
         return out
 
-    def table2(self, tol: float = TABLE2_TOLERANCE) -> list[dict[str, object]]:
+    def table2(self, tol: float = TABLE2_TOLERANCE) -> list[Table2Row]:
         return table2(self.curves().values(), tol)
 
-    def head_frequency(self, cell: dict[str, Any]) -> np.ndarray | None:
-        """How often each head was zeroed in ``cell``, ``[L, H]``; None when neither measured nor derivable.
 
-        The sweep's measured fractions when the cell has them; else what its threshold does to the calibration scores.
-        """
-        if cell.get("per_head") is not None:
-            return np.asarray(cell["per_head"], dtype=float)
-        name, threshold = cell.get("score"), cell.get("threshold")
-        if not isinstance(name, str) or self.scores is None or name not in self.scores or threshold is None:
-            return None
-        if name not in SCORE_FUNCTIONS:
-            return None
-        return zero_frequency(SCORE_FUNCTIONS[name].passes(self.scores[name], float(threshold))).numpy()
-
-
-def load_run(run_dir: str | Path) -> RunData:
-    """Read a run directory (see the module docstring). Corrupt or partial cells are skipped."""
+def load_run(run_dir: str | Path, keys: Iterable[str] | None = None) -> RunData:
+    """Read a run directory (see the module docstring): the cells of ``keys`` in that order (default: every cell of
+    the run, by key). A cell file that is not a valid :class:`Cell` (corrupt, partial, a field of the wrong type) is
+    skipped with a warning that names it."""
     rd = RunDir(run_dir)
     run = rd.read_run()
     digest = run_digest(run)
     cells, foreign = [], 0
-    for _, cell in ResultStore(rd.cells_path, required=_REPORTED_FIELDS).items():
-        if cell.get("run") == digest:
+    for _, cell in rd.cell_store().load(Cell.from_json, keys):
+        if cell.run == digest:
             cells.append(cell)
         else:
             foreign += 1

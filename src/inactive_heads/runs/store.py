@@ -11,9 +11,10 @@ import errno
 import hashlib
 import json
 import os
+import warnings
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from ..atomic import TMP_SUFFIX, atomic_write_json, canonical_json, plain_json
 from ..errors import InactiveHeadsError
@@ -28,6 +29,8 @@ try:
     import fcntl
 except ImportError:  # pragma: no cover - Windows
     fcntl = None  # type: ignore[assignment]
+
+T = TypeVar("T")
 
 
 def package_version() -> str:
@@ -53,7 +56,8 @@ class ResultStore:
 
     ``put`` is atomic. A file that does not parse as a JSON object (or lacks a field in ``required``, or makes
     ``validate`` raise ValueError) is treated as not done: ``has`` is False, ``get`` raises KeyError, ``keys`` skips
-    it, and the next ``put`` replaces it. ``put`` refuses a value that would read back as not done.
+    it, ``load`` skips it with a warning, and the next ``put`` replaces it. ``put`` refuses a value that would read
+    back as not done.
     """
 
     def __init__(
@@ -71,14 +75,25 @@ class ResultStore:
             raise InactiveHeadsError(f"invalid cell key {key!r}")
         return self.root / f"{key}.json"
 
-    def _read(self, key: str) -> dict[str, Any] | None:
+    def _load(self, key: str) -> tuple[dict[str, Any] | None, str]:
+        """The stored JSON object with every required field, or None and what is wrong with the file ('' when
+        there is none)."""
         try:
             obj = json.loads(self.path(key).read_text(encoding="utf-8"))
-        except (OSError, UnicodeDecodeError, ValueError):
-            return None
-        if not isinstance(obj, dict) or any(f not in obj for f in self.required):
-            return None
-        if self.validate is not None:
+        except FileNotFoundError:
+            return None, ""
+        except (OSError, UnicodeDecodeError, ValueError) as e:  # a torn write leaves truncated JSON
+            return None, f"unreadable ({e})"
+        if not isinstance(obj, dict):
+            return None, f"not a JSON object but {type(obj).__name__}"
+        missing = [f for f in self.required if f not in obj]
+        if missing:
+            return None, f"lacks {missing}"
+        return obj, ""
+
+    def _read(self, key: str) -> dict[str, Any] | None:
+        obj, _ = self._load(key)
+        if obj is not None and self.validate is not None:
             try:
                 self.validate(obj)
             except ValueError:
@@ -136,18 +151,36 @@ class ResultStore:
         finally:
             os.close(fd)  # releases the lock
 
-    def keys(self) -> list[str]:
-        """Keys of complete cells, sorted."""
+    def _stored(self) -> list[str]:
+        """Keys of every cell file, complete or not, sorted."""
         if not self.root.is_dir():
             return []
         found = (p.name[: -len(".json")] for p in self.root.iterdir() if p.name.endswith(".json"))
-        return sorted(k for k in found if not k.startswith(".") and self.has(k))
+        return sorted(k for k in found if not k.startswith("."))
 
-    def items(self) -> Iterator[tuple[str, dict[str, Any]]]:
-        for k in self.keys():
-            obj = self._read(k)
+    def keys(self) -> list[str]:
+        """Keys of complete cells, sorted."""
+        return [k for k in self._stored() if self.has(k)]
+
+    def load(self, parse: Callable[[dict[str, Any]], T], keys: Iterable[str] | None = None) -> Iterator[tuple[str, T]]:
+        """``(key, parse(cell))`` for each stored cell of ``keys`` (default: every file, sorted by key), in that order.
+
+        ``parse`` takes the place of ``validate``, so each cell is parsed once. A file that is there but is not a
+        complete cell (unreadable, not a JSON object, lacking a required field, or rejected by ``parse`` with
+        ValueError) is skipped with a warning that names it and what is wrong; a missing file is skipped silently.
+        """
+        for key in self._stored() if keys is None else keys:
+            obj, problem = self._load(key)
             if obj is not None:
-                yield k, obj
+                try:
+                    value = parse(obj)
+                except ValueError as e:
+                    problem = str(e)
+                else:
+                    yield key, value
+                    continue
+            if problem:
+                warnings.warn(f"skipped cell file {self.path(key)}: {problem}", stacklevel=2)
 
     def __len__(self) -> int:
         return len(self.keys())

@@ -7,6 +7,7 @@ distance functions; the bootstrap, overlap and threshold functions are in their 
 from .curves import (
     TABLE2_TOLERANCE,
     Curve,
+    Table2Row,
     common_fraction_range,
     max_zeroed_within,
     normalized_auc,
@@ -22,6 +23,7 @@ from .distances import depth_bins, wasserstein1, wasserstein_table
 __all__ = [
     "TABLE2_TOLERANCE",
     "Curve",
+    "Table2Row",
     "common_fraction_range",
     "depth_bins",
     "max_zeroed_within",

@@ -9,13 +9,13 @@ heads zeroed stay as measured: they are a property of the policy on these items,
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
 from ..errors import InactiveHeadsError
-from .curves import TABLE2_TOLERANCE, Curve, table2
+from .curves import TABLE2_TOLERANCE, Curve, Table2Row, table2
 from .distances import wasserstein1
 
 __all__ = [
@@ -144,7 +144,7 @@ def bootstrap_run(
     acc = counts @ matrix.T / n  # [resamples, 1 + cells]
     point = matrix.mean(axis=1)
 
-    def rows(accs: np.ndarray) -> list[dict[str, object]]:
+    def rows(accs: np.ndarray) -> list[Table2Row]:
         at, out = 1, []
         for name in names:
             pts = [(frac, float(accs[at + i])) for i, (frac, _) in enumerate(curves[name])]
@@ -152,8 +152,8 @@ def bootstrap_run(
             out.append(Curve(name, pts, float(accs[0])))
         return table2(out, tol) if out else []
 
-    def by_score(accs: np.ndarray) -> dict[str, dict[str, object]]:
-        return {str(r["score"]): r for r in rows(accs)}
+    def by_score(accs: np.ndarray) -> dict[str, Table2Row]:
+        return {r.score: r for r in rows(accs)}
 
     observed = by_score(point)
     samples = [by_score(a) for a in acc]
@@ -161,22 +161,20 @@ def bootstrap_run(
     for j, (name, frac, _) in enumerate(flat, start=1):
         cells[(name, frac)] = percentile_interval(point[j] - point[0], acc[:, j] - acc[:, 0], level)
 
-    def metric(key: str) -> dict[str, Interval]:
+    def metric(value: Callable[[Table2Row], float], discrete: bool = False) -> dict[str, Interval]:
         return {
             s: percentile_interval(
-                float(observed[s][key]),  # type: ignore[arg-type]
-                np.array([float(r[s][key]) for r in samples]),  # type: ignore[arg-type]
-                level,
-                observed=key == "rank",
+                value(observed[s]), np.array([value(r[s]) for r in samples]), level, observed=discrete
             )
             for s in names
         }
 
-    ranks = {s: np.array([float(r[s]["rank"]) for r in samples]) for s in names}  # type: ignore[arg-type]
+    ranks = {s: np.array([r[s].rank for r in samples]) for s in names}
     better = {
         a: {b: float(np.mean((ranks[a] < ranks[b]) + 0.5 * (ranks[a] == ranks[b]))) for b in names} for a in names
     }
-    return Bootstrap(n, n_resamples, level, cells, metric("max_zeroed"), metric("auc"), metric("rank"), better)
+    max_zeroed, auc = metric(lambda r: r.max_zeroed), metric(lambda r: r.auc)
+    return Bootstrap(n, n_resamples, level, cells, max_zeroed, auc, metric(lambda r: r.rank, discrete=True), better)
 
 
 def _flat(values: np.ndarray, items: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -19,6 +19,7 @@ from ..errors import InactiveHeadsError
 __all__ = [
     "TABLE2_TOLERANCE",
     "Curve",
+    "Table2Row",
     "common_fraction_range",
     "max_zeroed_within",
     "normalized_auc",
@@ -217,12 +218,22 @@ def zero_frequency(zeroed: torch.Tensor | np.ndarray) -> torch.Tensor:
     return z.to(torch.float32).mean(dim=0)
 
 
-def table2(
-    curves: Iterable[Curve], tol: float = TABLE2_TOLERANCE, x_max: float | None = None
-) -> list[dict[str, object]]:
-    """One row per curve: score, label, ``max_zeroed`` (fraction), ``lower_bound`` (:meth:`Curve.ends_within`: the
-    curve never left the tolerance, so ``max_zeroed`` is only the largest fraction measured), ``auc`` over a common
-    range, and ``rank``.
+@dataclass(frozen=True)
+class Table2Row:
+    """One curve's row of Table 2 (:func:`table2`): ``max_zeroed`` is a fraction; ``lower_bound``
+    (:meth:`Curve.ends_within`): the curve never left the tolerance, so ``max_zeroed`` is only the largest fraction
+    measured; ``auc`` is over the table's common range (NaN for a curve that zeroes no heads); ``rank`` 1 is best."""
+
+    score: str
+    label: str
+    max_zeroed: float
+    lower_bound: bool
+    auc: float
+    rank: float
+
+
+def table2(curves: Iterable[Curve], tol: float = TABLE2_TOLERANCE, x_max: float | None = None) -> list[Table2Row]:
+    """One :class:`Table2Row` per curve, best first.
 
     Ranking is by ``max_zeroed`` (higher is better), ties broken by AUC; ``x_max`` defaults to the common range.
     A curve that zeroes no heads has no AUC over a range it never enters (NaN).
@@ -235,14 +246,4 @@ def table2(
     # AUC is < ~1.5 in practice; scaling it below 1e-6 makes it a tie-breaker only.
     ranks = rank_scores({c.score: mz + (0.0 if math.isnan(auc) else 1e-6 * auc) for c, mz, auc in measured})
     measured.sort(key=lambda m: ranks[m[0].score])
-    return [
-        {
-            "score": c.score,
-            "label": c.label,
-            "max_zeroed": mz,
-            "lower_bound": c.ends_within(tol),
-            "auc": auc,
-            "rank": ranks[c.score],
-        }
-        for c, mz, auc in measured
-    ]
+    return [Table2Row(c.score, c.label, mz, c.ends_within(tol), auc, ranks[c.score]) for c, mz, auc in measured]

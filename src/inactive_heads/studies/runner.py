@@ -29,7 +29,7 @@ from typing import Any
 from ..atomic import atomic_write_json
 from ..errors import InactiveHeadsError, UnknownNameError
 from ..evaluation import EvalConfig
-from ..runs.directory import RunDir
+from ..runs.directory import Cell, RunDir
 from ..runs.jobs import PlannedCell, calibrate, compute_cell, plan_cells
 from ..runs.store import package_version
 from ..tasks import DATA_ENV, Task, get_task
@@ -286,8 +286,7 @@ def study_status(study: str | Path | Study, out: str | Path | None = None, limit
         planned = plan.planned(t, rd.root)
         calibrated = planned is not None
         keys = [c.key for c in planned or ()]
-        store = rd.cell_store()
-        cells = [store.get(k) for k in keys if store.has(k)]
+        cells = [c for _, c in rd.cell_store().load(Cell.from_json, keys)]
         status.append(
             RunStatus(
                 model=m.name,
@@ -295,7 +294,7 @@ def study_status(study: str | Path | Study, out: str | Path | None = None, limit
                 calibration=f"on {t.calibration_task}" if t.calibration_task else f"{t.calibration_items} items",
                 calibrated=calibrated,
                 planned=len(keys) if calibrated else spec.grid_cells(t),
-                cell_seconds=tuple(float(c.get("seconds") or 0.0) for c in cells),
+                cell_seconds=tuple(float(c.seconds) for c in cells),
             )
         )
     return status
