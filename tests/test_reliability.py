@@ -205,3 +205,15 @@ def test_lm_eval_finds_the_model_by_its_entry_point():
 
     (entry,) = [e for e in entry_points(group="lm_eval.models") if e.name == "inactive_heads"]
     assert entry.load() is InactiveHeadsLM
+
+
+def test_a_run_whose_baseline_is_zero_says_why_it_has_no_auc(tmp_path, capsys):
+    from _runs import make_cell, make_run
+
+    cells = [make_cell(accuracy=0.0), make_cell("ahon_ln", 0.1, accuracy=0.0, fraction_zeroed=0.1)]
+    run_dir = make_run(tmp_path / "gsm8k", cells, task="gsm8k")
+    cli._print_table2(run_dir)
+    out = capsys.readouterr().out
+    assert "nan" not in out and "AUC: none, as the baseline accuracy is 0" in out
+    md, _ = ih.write_report([run_dir], tmp_path / "report")
+    assert "AUC: none, as the baseline accuracy is 0" in md.read_text()

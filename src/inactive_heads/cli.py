@@ -155,7 +155,7 @@ def _run_sweep(args: argparse.Namespace, model: Any, tok: Any, run_dir: Path) ->
 
 def _print_table2(run_dir: Path) -> None:
     from .report.document import render_table
-    from .report.tables import max_zeroed_text
+    from .report.tables import NO_AUC, auc_text, max_zeroed_text
     from .runs.directory import load_run
 
     run = load_run(run_dir)
@@ -166,12 +166,14 @@ def _print_table2(run_dir: Path) -> None:
             row.score,
             row.label,
             max_zeroed_text(row, fmt=".2f"),
-            f"{row.auc:.3f}",
+            auc_text(row.auc),
             f"{row.rank:.1f}",
         ]
         for row in run.table2()
     ]
     print(render_table(header, rows, fmt="text", align="llrrr"))
+    if run.baseline <= 0:
+        print(NO_AUC)
 
 
 def _cmd_sweep(args: argparse.Namespace) -> None:

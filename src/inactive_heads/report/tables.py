@@ -6,6 +6,7 @@ model. Tables are ``(header, rows)`` of strings, ready for :class:`~inactive_hea
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -30,6 +31,8 @@ from ..stats.overlap import Overlap, overlap, threshold_spread
 from ..stats.thresholds import resampled_thresholds
 
 __all__ = [
+    "NO_AUC",
+    "auc_text",
     "calibration_label",
     "cascade_table",
     "interval_text",
@@ -99,6 +102,15 @@ def interval_text(iv: Interval, scale: float = 100.0, fmt: str = ".1f", signed: 
     """``value [low, high]`` scaled (percent by default)."""
     sign = "+" if signed else ""
     return f"{iv.value * scale:{sign}{fmt}} [{iv.low * scale:{sign}{fmt}}, {iv.high * scale:{sign}{fmt}}]"
+
+
+#: Why a run's AUC column is empty when its baseline is 0 (a generative task the model never solves, say).
+NO_AUC = "AUC: none, as the baseline accuracy is 0 and AUC is accuracy relative to it."
+
+
+def auc_text(value: float) -> str:
+    """A Table-2 AUC; "–" where there is none (a score that zeroes no heads, or a baseline accuracy of 0)."""
+    return "–" if math.isnan(value) else f"{value:.3f}"
 
 
 def max_zeroed_text(row: Table2Row, iv: Interval | None = None, fmt: str = ".1f") -> str:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import csv
 import io
-import math
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
@@ -22,6 +21,8 @@ from .compare import score_distances, series_distances
 from .document import Document, linked_images
 from .figures import cdf_figure, curves_figure, delta_figure, head_heatmap, overlap_figure, png, rank_heatmap
 from .tables import (
+    NO_AUC,
+    auc_text,
     calibration_label,
     cascade_table,
     max_zeroed_text,
@@ -68,10 +69,7 @@ def _fmt_pct(fraction: float) -> str:
 
 
 def _table2_rows(rows: list[Table2Row]) -> list[list[str]]:
-    def auc(value: float) -> str:
-        return "–" if math.isnan(value) else f"{value:.3f}"  # no AUC: the score zeroes no heads
-
-    return [[r.score, r.label, max_zeroed_text(r), auc(r.auc), f"{r.rank:g}"] for r in rows]
+    return [[r.score, r.label, max_zeroed_text(r), auc_text(r.auc), f"{r.rank:g}"] for r in rows]
 
 
 def _sorted_cells(run: RunData) -> list[Cell]:
@@ -217,6 +215,8 @@ def _run_section(doc: Document, run: RunData, rows: list[Table2Row], tag: str, b
         doc.p("Only the baseline is stored so far.")
         return
     doc.table(["score", "label", "max % zeroed within 1 pt", "AUC", "rank"], _table2_rows(rows))
+    if run.baseline <= 0:
+        doc.p(NO_AUC)
     flat = scores_flat_within_layers(run)
     if flat:
         doc.p(
