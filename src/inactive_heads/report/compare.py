@@ -12,7 +12,7 @@ from ..atomic import atomic_write_bytes
 from ..errors import InactiveHeadsError
 from ..runs.directory import RunData, load_run, score_label, slug
 from ..stats.bootstrap import DEFAULT_RESAMPLES, Interval, bootstrap_wasserstein
-from ..stats.distances import depth_bins, wasserstein_table
+from ..stats.distances import depth_bins, shared_wasserstein, wasserstein_table
 from .document import render_table
 from .figures import figure, png
 from .tables import interval_text
@@ -51,8 +51,8 @@ def w1_interval(
 def depth_w1_intervals(
     a: RunData, b: RunData, name: str, n_resamples: int = DEFAULT_RESAMPLES, seed: int = 0
 ) -> list[Interval] | None:
-    """W1 per relative-depth bin (:func:`~inactive_heads.stats.curves.depth_bins`, as in the per-depth
-    :func:`~inactive_heads.stats.curves.wasserstein_table`) with 95% bootstrap intervals over items, resampled as in
+    """W1 per relative-depth bin (:func:`~inactive_heads.stats.distances.depth_bins`, as in the per-depth
+    :func:`~inactive_heads.stats.distances.wasserstein_table`) with 95% bootstrap intervals over items, resampled as in
     :func:`w1_interval`; every bin sees the same resamples of items. None where :func:`w1_interval` gives None."""
     inputs = _bootstrap_inputs(a, b, name, n_resamples)
     if inputs is None:
@@ -80,7 +80,7 @@ def compare_runs(
 
     Per score function (``names``, default: all recorded in both): pooled W1 with its bootstrap interval
     (:func:`w1_interval`; ``n_resamples=0``: none) and W1 per layer (per relative-depth bin when layer counts
-    differ, see :func:`inactive_heads.stats.curves.wasserstein_table`) with intervals (:func:`depth_w1_intervals`).
+    differ, see :func:`inactive_heads.stats.distances.wasserstein_table`) with intervals (:func:`depth_w1_intervals`).
     The figure (W1 vs relative depth, one line and band per score) goes to ``out_dir`` (default: the working
     directory; run directories are only read) as ``compare_<a>_vs_<b>.png``.
     """
@@ -160,11 +160,11 @@ def series_distances(
     and the first run's, per score function (``names``, default: all recorded in every run), with bootstrap
     intervals as in :func:`score_distances`, as a table and a figure (one line per score along the series, intervals
     as error bars)."""
-    if len(runs) < 2 or any(r.scores is None for r in runs):
+    scores = [r.scores for r in runs if r.scores is not None]
+    if len(runs) < 2 or len(scores) < len(runs):
         raise InactiveHeadsError("a series needs two or more runs, each with calibration/scores.safetensors")
     first = runs[0]
-    tables = [wasserstein_table(first.scores, r.scores, names=names) for r in runs[1:]]  # type: ignore[arg-type]
-    names = [n for n in tables[0] if all(n in t for t in tables)]
+    names, tables = shared_wasserstein([(scores[0], s) for s in scores[1:]], names)
     ivs = {(n, i): w1_interval(first, r, n, n_resamples, seed) for n in names for i, r in enumerate(runs[1:])}
     ci = " [95% CI]" if any(iv is not None for iv in ivs.values()) else ""
     header = ["score", *(f"{first.name} → {r.name}{ci}" for r in runs[1:])]

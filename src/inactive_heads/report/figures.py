@@ -153,24 +153,24 @@ def rank_heatmap(
 
 def cdf_figure(runs: Sequence[RunData]) -> Any | None:
     """Empirical CDF of each score function's calibration scores, one line per run; None when no run has scores."""
-    with_scores = [r for r in runs if r.scores is not None]
+    with_scores = [(r.name, r.scores) for r in runs if r.scores is not None]
     if not with_scores:
         return None
-    names = [n for n in SCORE_FUNCTIONS if any(n in r.scores for r in with_scores)]  # type: ignore[operator]
-    names += sorted({n for r in with_scores for n in r.scores} - set(names))  # type: ignore[union-attr]
+    names = [n for n in SCORE_FUNCTIONS if any(n in s for _, s in with_scores)]
+    names += sorted({n for _, s in with_scores for n in s} - set(names))
     cols = 4
     rows = math.ceil(len(names) / cols)
     fig = figure(3.2 * cols, 2.4 * rows)
     u = np.linspace(0, 1, _MAX_CDF_POINTS)
     for k, name in enumerate(names):
         ax = fig.add_subplot(rows, cols, k + 1)
-        for r in with_scores:
-            if name not in r.scores:  # type: ignore[operator]
+        for run_name, scores in with_scores:
+            if name not in scores:
                 continue
-            v = r.scores[name].reshape(-1).double().numpy()  # type: ignore[index]
+            v = scores[name].reshape(-1).double().numpy()
             v = v[np.isfinite(v)]
             if v.size:
-                ax.plot(np.quantile(v, u), u, lw=1.2, label=r.name)
+                ax.plot(np.quantile(v, u), u, lw=1.2, label=run_name)
         ax.set_title(score_label(name), fontsize=9)
         ax.tick_params(labelsize=7)
         ax.grid(alpha=0.3)

@@ -16,7 +16,7 @@ from ..runs.directory import Cell, RunData, load_run, score_label, slug
 from ..scores import SCORE_FUNCTIONS
 from ..stats.bootstrap import Bootstrap, Interval
 from ..stats.curves import Table2Row, spearman, top_k_iou, within_tolerance
-from ..stats.distances import wasserstein_table
+from ..stats.distances import shared_wasserstein
 from .compare import score_distances, series_distances
 from .document import Document, linked_images
 from .figures import cdf_figure, curves_figure, delta_figure, head_heatmap, overlap_figure, png, rank_heatmap
@@ -145,13 +145,12 @@ def _cells_csv(runs: Sequence[RunData], boots: Sequence[Bootstrap | None]) -> st
 
 
 def _pairwise_w1(runs: Sequence[RunData]) -> tuple[list[str], list[list[str]]] | None:
-    with_scores = [r for r in runs if r.scores is not None]
+    with_scores = [(r.name, r.scores) for r in runs if r.scores is not None]
     if len(with_scores) < 2:
         return None
     pairs = [(a, b) for i, a in enumerate(with_scores) for b in with_scores[i + 1 :]]
-    tables = [wasserstein_table(a.scores, b.scores) for a, b in pairs]  # type: ignore[arg-type]
-    names = [n for n in tables[0] if all(n in t for t in tables)]
-    header = ["score", *(f"{a.name} vs {b.name}" for a, b in pairs)]
+    names, tables = shared_wasserstein([(a[1], b[1]) for a, b in pairs])
+    header = ["score", *(f"{a[0]} vs {b[0]}" for a, b in pairs)]
     return header, [[n, *(f"{t[n]:.4g}" for t in tables)] for n in names]
 
 

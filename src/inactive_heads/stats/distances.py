@@ -10,7 +10,7 @@ import torch
 
 from ..errors import InactiveHeadsError
 
-__all__ = ["depth_bins", "wasserstein1", "wasserstein_table"]
+__all__ = ["depth_bins", "shared_wasserstein", "wasserstein1", "wasserstein_table"]
 
 _Sample = torch.Tensor | np.ndarray | Sequence[float]
 
@@ -101,3 +101,13 @@ def wasserstein_table(
         ta, tb = scores_a[n], scores_b[n]
         out[n] = [wasserstein1(ta[:, ia], tb[:, ib]) for ia, ib in depth_bins(ta.shape[1], tb.shape[1])]
     return out
+
+
+def shared_wasserstein(
+    pairs: Sequence[tuple[Mapping[str, torch.Tensor], Mapping[str, torch.Tensor]]], names: Iterable[str] | None = None
+) -> tuple[list[str], list[dict[str, float]]]:
+    """Pooled W1 per score function of each pair of recorded scores (:func:`wasserstein_table`), and the score
+    functions that every pair holds, in the first pair's order."""
+    tables = [wasserstein_table(a, b, names=names) for a, b in pairs]
+    shared = [n for n in tables[0] if all(n in t for t in tables)] if tables else []
+    return shared, tables
