@@ -13,6 +13,9 @@ Layout::
     cells/<key>.json                one finished cell, see :class:`Cell`; score is null for the baseline; run is the
                                      run_digest it was made for (cells of another run are never read);
                                      per_head is [L][H] fractions of rows in which the head was zeroed
+    searches/<key>.json             one finished search for a score's crossing, see
+                                     :class:`~inactive_heads.runs.adaptive.Search`
+    searches/blocks/<key>.json      one evaluated block of items of a search's probe, replayed on resume
 
 This module is the only one that knows these paths; the sweep writes through it and the report reads through it.
 It holds the run record, the cell record and their reading back together so that the identity a
@@ -320,6 +323,14 @@ class RunDir:
     @property
     def cells_path(self) -> Path:
         return self.root / "cells"
+
+    @property
+    def searches_path(self) -> Path:
+        return self.root / "searches"
+
+    @property
+    def blocks_path(self) -> Path:
+        return self.searches_path / "blocks"
 
     def read_run(self) -> dict[str, Any]:
         """The run record; FileNotFoundError when this is not a run directory."""

@@ -26,7 +26,16 @@ from ..tasks import Task, get_task, heldout
 from .directory import Cell, RunDir, display_name, model_identity, run_digest, run_record, task_fingerprint
 from .store import cell_key
 
-__all__ = ["CalibrationItems", "PlannedCell", "calibrate", "compute_cell", "plan_cells", "score_names", "sweep"]
+__all__ = [
+    "CalibrationItems",
+    "PlannedCell",
+    "calibrate",
+    "compute_cell",
+    "plan_cells",
+    "result_key",
+    "score_names",
+    "sweep",
+]
 
 #: Which items a calibration records: the evaluated ones (the paper's protocol) or others of the same task.
 CalibrationItems = Literal["same", "heldout"]
@@ -170,6 +179,15 @@ def score_names(scores: str | Sequence[str]) -> list[str]:
     return names
 
 
+def result_key(run: str, score: str | None, **identity: Any) -> str:
+    """The store key of a result of run ``run`` (its :func:`~inactive_heads.runs.directory.run_digest`) under
+    ``score`` (None: the baseline): the run, the score's definition fingerprint and ``identity`` (a cell's
+    threshold; a search block's threshold, index and items; a search's design). Cells, search blocks and searches
+    are all keyed here, so what identifies a result cannot drift between them."""
+    definition = None if score is None else SCORE_FUNCTIONS[score].fingerprint
+    return cell_key(run=run, score=score, score_definition=definition, **identity)
+
+
 def _planned_thresholds(rd: RunDir, names: list[str], ps: list[float]) -> dict[str, list[float]]:
     """Each score's thresholds at ``ps``: read from the run's thresholds record, and computed from the calibration
     scores (then added to the record) where the record lacks them."""
@@ -233,10 +251,21 @@ def plan_cells(
     grid += [(n, p, thresholds[n][i]) for i, p in enumerate(ps) for n in names]  # target-major: early full picture
     cells: dict[str, PlannedCell] = {}
     for score, target, threshold in grid:
-        definition = None if score is None else SCORE_FUNCTIONS[score].fingerprint
-        key = cell_key(run=digest, score=score, score_definition=definition, threshold=threshold)
+        key = result_key(digest, score, threshold=threshold)
         cells.setdefault(key, PlannedCell(key, score, target, threshold))
     return list(cells.values())
+
+
+def _open_run(
+    model: PreTrainedModel, task: str | Task, rd: RunDir, config: EvalConfig
+) -> tuple[Task, EvalConfig, dict[str, Any]]:
+    """The loaded task, ``config`` with its shots resolved and the run record of ``rd``, once ``model``, ``task``
+    and ``config`` are checked to be the run's (InactiveHeadsError naming what differs)."""
+    task_obj = _task(task, config)
+    config = config.replace(shots=config.shots_for(task_obj))
+    run = rd.read_run()
+    rd.check_run(_run_record(model, task_obj, config, run["model"]["name"]))
+    return task_obj, config, run
 
 
 def compute_cell(
@@ -264,10 +293,7 @@ def compute_cell(
     store = rd.cell_store()
     if store.has(cell.key):
         return False
-    task_obj = _task(task, config)
-    config = config.replace(shots=config.shots_for(task_obj))
-    run = rd.read_run()
-    rd.check_run(_run_record(model, task_obj, config, run["model"]["name"]))
+    task_obj, config, run = _open_run(model, task, rd, config)
     with store.claim(cell.key, wait=wait) as mine:
         if not mine:
             return None
