@@ -23,6 +23,7 @@ if TYPE_CHECKING:
     from .recording import record_scores
     from .report import compare_runs, write_report
     from .runs import calibrate, sweep
+    from .runs.adaptive import Search, SearchDesign, search
     from .scores import SCORE_FUNCTIONS, HeadScores, LayerStats, register_score
     from .stats.thresholds import DEFAULT_TARGETS, thresholds_from_cdf
     from .studies import (
@@ -50,6 +51,7 @@ _LAZY = {
     "record_scores": "recording",
     **dict.fromkeys(["compare_runs", "write_report"], "report"),
     **dict.fromkeys(["calibrate", "sweep"], "runs"),
+    **dict.fromkeys(["Search", "SearchDesign", "search"], "runs.adaptive"),
     **dict.fromkeys(["SCORE_FUNCTIONS", "HeadScores", "LayerStats", "register_score"], "scores"),
     **dict.fromkeys(["DEFAULT_TARGETS", "thresholds_from_cdf"], "stats.thresholds"),
     **dict.fromkeys(
@@ -85,6 +87,8 @@ __all__ = [
     "PruneResult",
     "RunStatus",
     "RunningStats",
+    "Search",
+    "SearchDesign",
     "Study",
     "StudyResult",
     "Watch",
@@ -103,6 +107,7 @@ __all__ = [
     "register_score",
     "register_task",
     "save_pruned",
+    "search",
     "static_mask",
     "study",
     "study_status",

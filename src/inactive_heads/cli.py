@@ -99,7 +99,7 @@ def _eval_config(args: argparse.Namespace) -> EvalConfig:
 
 def _check_before_loading(args: argparse.Namespace) -> None:
     """Everything about a calibrate or sweep command that needs no model, checked before one loads (minutes for a
-    large model): the tasks and their data files, the score names, the targets."""
+    large model): the tasks and their data files, the score names, the targets, the search's design."""
     from .runs.jobs import score_names
     from .stats.thresholds import DEFAULT_TARGETS, check_targets
     from .tasks import get_task
@@ -112,6 +112,21 @@ def _check_before_loading(args: argparse.Namespace) -> None:
         if args.targets is None:
             args.targets = list(DEFAULT_TARGETS)
         check_targets(args.targets)
+    if "design" in args:
+        args.search = _search_design(args)
+
+
+def _search_design(args: argparse.Namespace) -> Any:
+    """The :class:`~inactive_heads.runs.adaptive.SearchDesign` of a sweep's ``--design``; None for the grid."""
+    from .runs.adaptive import SearchDesign
+
+    if args.design == "grid":
+        return None
+    budgets = {k: getattr(args, k) for k in ("tolerance", "max_fraction", "max_probes", "block_size", "max_items")}
+    design = SearchDesign(**{k: v for k, v in budgets.items() if v is not None})
+    if args.design == "sequential-grid":
+        return SearchDesign(**{**design.identity(), "targets": tuple(t for t in args.targets if t > 0)})
+    return design
 
 
 def _cmd_calibrate(args: argparse.Namespace) -> None:
@@ -135,9 +150,25 @@ def _cmd_calibrate(args: argparse.Namespace) -> None:
     print(f"calibrated {len(scores)} scores on {rows} rows x {layers} layers x {heads} heads -> {run_dir}")
 
 
-def _run_sweep(args: argparse.Namespace, model: Any, tok: Any, run_dir: Path) -> list[dict[str, Any]]:
+def _run_sweep(args: argparse.Namespace, model: Any, tok: Any, run_dir: Path) -> list[Any]:
     from .runs.jobs import sweep
 
+    if getattr(args, "search", None) is not None:
+        from .runs.adaptive import search
+
+        return search(
+            model,
+            tok,
+            args.task,
+            run_dir,
+            _eval_config(args),
+            scores=args.scores,
+            design=args.search,
+            calibration_task=args.calibration_task,
+            calibration_limit=args.calibration_limit,
+            calibration_items=args.calibration_items,
+            model_name=args.name,
+        )
     return sweep(
         model,
         tok,
@@ -176,12 +207,37 @@ def _print_table2(run_dir: Path) -> None:
         print(NO_AUC)
 
 
+def _print_crossings(run_dir: Path, searches: list[Any]) -> None:
+    from .report.crossings import crossing_ranks
+    from .report.document import render_table
+    from .stats.crossing import format_crossing
+
+    ranks = crossing_ranks(searches)
+    rows = [
+        [
+            s.score,
+            format_crossing(s.crossing),
+            f"{ranks[s.score]:g}" if s.score in ranks else "–",
+            str(len(s.probes)),
+            f"{s.items_evaluated:,}",
+            f"{s.seconds:.0f}",
+        ]
+        for s in searches
+    ]
+    print(f"\n{len(searches)} searches ({searches[0].design.kind} design) in {run_dir}")
+    header = ["score", "crossing [95% interval]", "rank", "probes", "items evaluated", "eval s"]
+    print(render_table(header, rows, fmt="text", align="lrrrrr"))
+
+
 def _cmd_sweep(args: argparse.Namespace) -> None:
     _check_before_loading(args)
     model, tok = _load(args)
     run_dir = args.run_dir or _default_run_dir(args)
-    cells = _run_sweep(args, model, tok, run_dir)
-    print(f"{len(cells)} cells in {run_dir}")
+    found = _run_sweep(args, model, tok, run_dir)
+    if args.search is not None:
+        _print_crossings(run_dir, found)
+        return
+    print(f"{len(found)} cells in {run_dir}")
     _print_table2(run_dir)
 
 
@@ -206,24 +262,40 @@ def _print_study_status(args: argparse.Namespace) -> None:
 
     runs = study_status(args.study, args.out, args.limit)
     by_model: dict[str, list[float]] = {}
+    searches_by_model: dict[str, list[float]] = {}
     for r in runs:
         by_model.setdefault(r.model, []).extend(r.cell_seconds)
+        searches_by_model.setdefault(r.model, []).extend(r.search_seconds)
+    searched = any(r.searches for r in runs)
     rows, left_total, unknown = [], 0.0, False
     for r in runs:
         # A median, as a cell's wall time includes any pause of its process. Cell time differs between models far
         # more than between one model's tasks: estimate from the run itself, else from the model's other runs.
         seen = r.cell_seconds or by_model[r.model]
-        left = r.left * statistics.median(seen) if seen else None
+        cell = statistics.median(seen) if seen else None
+        left = r.left * cell if cell is not None else None
+        searches_left = r.searches - len(r.search_seconds)
+        if searches_left:  # from stored searches of the model, else at most its budget in cells
+            done = r.search_seconds or searches_by_model[r.model]
+            per_search = statistics.median(done) if done else None if cell is None else r.search_cells * cell
+            left = None if left is None or per_search is None else left + searches_left * per_search
         left_total += left or 0.0
-        unknown |= left is None and r.left > 0
+        unknown |= left is None and (r.left > 0 or searches_left > 0)
         cells = f"{r.stored}/{r.planned}" + ("" if r.calibrated else " (not calibrated)")
         eta = "?" if left is None else f"{left / 3600:.1f}"
-        rows.append([r.model, r.task, r.calibration, cells, f"{sum(r.cell_seconds) / 3600:.1f}", eta])
+        spent = sum(r.cell_seconds) + sum(r.search_seconds)
+        row = [r.model, r.task, r.calibration, cells, f"{spent / 3600:.1f}", eta]
+        rows.append([*row[:4], f"{len(r.search_seconds)}/{r.searches}", *row[4:]] if searched else row)
     header = ["model", "task", "calibration", "cells stored", "hours so far", "hours left (est.)"]
-    print(render_table(header, rows, fmt="text", align="lllrrr"))
+    if searched:
+        header.insert(4, "searches stored")
+    print(render_table(header, rows, fmt="text", align="lllrrrr" if searched else "lllrrr"))
     stored, planned = sum(r.stored for r in runs), sum(r.planned for r in runs)
+    also = ""
+    if searched:
+        also = f" and {sum(len(r.search_seconds) for r in runs)} of {sum(r.searches for r in runs)} searches"
     note = " (runs marked ? not included)" if unknown else ""
-    print(f"{stored} of {planned} cells stored; about {left_total / 3600:.1f} hours of cell time left{note}")
+    print(f"{stored} of {planned} cells{also} stored; about {left_total / 3600:.1f} hours of cell time left{note}")
 
 
 def _cmd_study(args: argparse.Namespace) -> None:
@@ -239,6 +311,7 @@ def _cmd_study(args: argparse.Namespace) -> None:
     print(
         f"study {result.out}: {result.cells} cells of {len(result.runs)} runs ({result.computed} evaluated now, "
         f"{result.reused} already stored; {result.calibrated} calibrations) in {result.seconds / 60:.1f} min"
+        + (f"; {result.searches} searches ({result.searched} run now)" if result.searches else "")
     )
     if result.report is not None:
         print(f"report: {result.report.resolve()}")
@@ -412,6 +485,30 @@ def _add_sweep_options(p: argparse.ArgumentParser, scores: str, targets: Sequenc
     )  # fmt: skip
 
 
+def _fraction(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not 0 < value <= 1:
+        raise argparse.ArgumentTypeError(f"expected a fraction in (0, 1], got {text!r}")
+    return value
+
+
+def _add_design_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--design", choices=("grid", "adaptive", "sequential-grid"), default="grid",
+        help="grid: a cell per (score, target); adaptive: search each score's crossing (probabilistic bisection, "
+        "each probe stopped once its sequential test decides); sequential-grid: the search's estimator over "
+        "--targets (default: grid)",
+    )  # fmt: skip
+    p.add_argument("--tolerance", type=_fraction, default=None, help="search: accuracy loss allowed (default 0.01)")
+    p.add_argument("--max-fraction", type=_fraction, default=None, help="search: largest target (default 0.9)")
+    p.add_argument("--max-probes", type=_count(1), default=None, help="search: targets per score (default 8)")
+    p.add_argument("--block-size", type=_count(1), default=None, help="search: items per look (default 100)")
+    p.add_argument("--max-items", type=_count(1), default=None, help="search: items per probe (default: all)")
+
+
 def _parser() -> argparse.ArgumentParser:
     # Nothing here imports torch: --help, --version and argument errors answer at once. Names that registries hold
     # (executors, modes) are checked after parsing, before any model loads.
@@ -434,9 +531,10 @@ def _parser() -> argparse.ArgumentParser:
     _add_run_options(p)
     p.set_defaults(fn=_cmd_calibrate)
 
-    p = add("sweep", "baseline + dynamic zeroing for every (score, target); resumable")
+    p = add("sweep", "baseline + dynamic zeroing for every (score, target), or a search per score; resumable")
     _add_run_options(p)
     _add_sweep_options(p, "all", None)
+    _add_design_options(p)
     p.set_defaults(fn=_cmd_sweep)
 
     p = add("report", "Markdown + self-contained HTML report (and cells.csv) over run directories")

@@ -14,7 +14,7 @@ import numpy as np
 import torch
 
 from ..generation import cascade
-from ..runs.directory import Cell, RunData, score_label
+from ..runs.directory import RunData, score_label
 from ..scores import SCORE_FUNCTIONS
 from ..stats.bootstrap import (
     DEFAULT_RESAMPLES,
@@ -56,14 +56,6 @@ def calibration_label(run: RunData) -> str:
     return "held-out calibration" if meta.get("items") == "heldout" else "calibrated on the evaluated items"
 
 
-def _correct(cell: Cell, ids: list[Any] | None) -> np.ndarray | None:
-    per_item = cell.per_item
-    if per_item is None or (ids is not None and per_item.get("ids") != ids):
-        return None
-    correct: np.ndarray = np.asarray(per_item["pred"]) == np.asarray(per_item["gold"])
-    return correct
-
-
 def run_bootstrap(run: RunData, n_resamples: int = 1000, seed: int = 0) -> Bootstrap | None:
     """:func:`~inactive_heads.stats.bootstrap.bootstrap_run` over a run's stored cells; None when a cell lacks its
     per-item answers (cells stored before they were kept) or the cells disagree on the items."""
@@ -71,12 +63,12 @@ def run_bootstrap(run: RunData, n_resamples: int = 1000, seed: int = 0) -> Boots
     if base is None or base.per_item is None:
         return None
     ids = base.per_item.get("ids")
-    baseline = _correct(base, ids)
+    baseline = base.correct(ids)
     curves = {}
     for name, curve in run.curves().items():
         points = []
         for c in curve.extra["cells"]:
-            correct = _correct(c, ids)
+            correct = c.correct(ids)
             if correct is None:
                 return None
             points.append((float(c.fraction_zeroed), correct))
@@ -293,7 +285,7 @@ def protocol_table(
         if a is None or b is None:
             return "–"
         ids = (b.per_item or {}).get("ids")
-        x, y = _correct(a, ids), _correct(b, ids)
+        x, y = a.correct(ids), b.correct(ids)
         if x is None or y is None:
             return f"{100 * (a.accuracy - b.accuracy):+.1f}"
         return interval_text(bootstrap_difference(x, y, n_resamples=n_resamples, seed=seed), signed=True)

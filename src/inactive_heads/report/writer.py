@@ -18,6 +18,7 @@ from ..stats.bootstrap import Bootstrap, Interval
 from ..stats.curves import Table2Row, spearman, top_k_iou, within_tolerance
 from ..stats.distances import shared_wasserstein
 from .compare import score_distances, series_distances
+from .crossings import crossings_across, crossings_csv, crossings_section
 from .document import Document, linked_images
 from .figures import cdf_figure, curves_figure, delta_figure, head_heatmap, overlap_figure, png, rank_heatmap
 from .tables import (
@@ -183,7 +184,7 @@ def write_report(run_dirs: Iterable[str | Path], out_dir: str | Path) -> tuple[P
         doc.p("Pooled raw scores; raw norms depend on the model's scale, the LN variants are comparable across models.")
         doc.table(*w1)
 
-    return _write(doc, out_dir, "Inactive heads report", _cells_csv(runs, [None] * len(runs)))
+    return _write(doc, out_dir, "Inactive heads report", crossings_csv(_cells_csv(runs, [None] * len(runs)), runs))
 
 
 def _write(doc: Document, out_dir: Path, title: str, cells_csv: str) -> tuple[Path, Path]:
@@ -210,8 +211,10 @@ def _run_section(doc: Document, run: RunData, rows: list[Table2Row], tag: str, b
         f"{cfg.get('n_layers')} layers × {cfg.get('n_heads')} heads, package {cfg.get('package_version')}; "
         f"baseline accuracy {100 * run.baseline:.2f}%."
     )
-    if not run.score_names:  # a run may so far hold only its baseline: no curve to measure or draw
-        doc.p("Only the baseline is stored so far.")
+    searched = crossings_section(doc, run)
+    if not run.score_names:  # a run may so far hold only its baseline (and searches): no curve to measure or draw
+        if not searched:
+            doc.p("Only the baseline is stored so far.")
         return
     doc.table(["score", "label", "max % zeroed within 1 pt", "AUC", "rank"], _table2_rows(rows))
     if run.baseline <= 0:
@@ -355,10 +358,12 @@ def write_study_report(
         task_boots = [boots[id(r)] for r in task_runs]
         doc.h(2, label)
         doc.p("Baseline accuracy: " + ", ".join(f"{r.name} {100 * r.baseline:.2f}%" for r in task_runs) + ".")
-        doc.p("Table 2: max % of heads zeroed within 1 pt of baseline [interval] (rank [interval]) per model.")
-        doc.table(*_table2_across(task_runs, all_rows, task_boots))
-        _ranks_section(doc, [r.name for r in task_runs], all_rows, f"ranks_{t}.png", task_boots)
-        _significance(doc, task_runs, task_boots)
+        crossings_across(doc, task_runs)
+        if any(r.score_names for r in task_runs):  # runs that only search have no grid to tabulate
+            doc.p("Table 2: max % of heads zeroed within 1 pt of baseline [interval] (rank [interval]) per model.")
+            doc.table(*_table2_across(task_runs, all_rows, task_boots))
+            _ranks_section(doc, [r.name for r in task_runs], all_rows, f"ranks_{t}.png", task_boots)
+            _significance(doc, task_runs, task_boots)
         cdf = cdf_figure(task_runs)
         if cdf is not None:
             doc.img(png(cdf), f"score_cdfs_{t}.png", f"score CDFs, {label}")
@@ -418,7 +423,8 @@ def write_study_report(
             cdf = cdf_figure(present)
             if cdf is not None:
                 doc.img(png(cdf), f"series_{t}_{slug(name)}_cdfs.png", f"{name}: score CDFs")
-    return _write(doc, Path(out_dir), title, _cells_csv(loaded, [boots[id(r)] for r in loaded]))
+    cells_csv = _cells_csv(loaded, [boots[id(r)] for r in loaded])
+    return _write(doc, Path(out_dir), title, crossings_csv(cells_csv, loaded))
 
 
 def _task_label(run: RunData) -> str:

@@ -13,6 +13,9 @@ Layout::
     cells/<key>.json                one finished cell, see :class:`Cell`; score is null for the baseline; run is the
                                      run_digest it was made for (cells of another run are never read);
                                      per_head is [L][H] fractions of rows in which the head was zeroed
+    searches/<key>.json             one finished search for a score's crossing, see
+                                     :class:`~inactive_heads.runs.adaptive.Search`
+    searches/blocks/<key>.json      one evaluated block of items of a search's probe, replayed on resume
 
 This module is the only one that knows these paths; the sweep writes through it and the report reads through it.
 It holds the run record, the cell record and their reading back together so that the identity a
@@ -26,12 +29,13 @@ import json
 import os
 import re
 import warnings
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import MISSING, asdict, dataclass, field, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+import numpy.typing as npt
 import torch
 from transformers import PreTrainedModel
 
@@ -185,27 +189,27 @@ def _json_object(path: Path) -> dict[str, Any]:
     return value
 
 
-def _is_number(v: Any) -> bool:
+def is_number(v: Any) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool)
 
 
 def _is_numbers(v: Any) -> bool:
-    return isinstance(v, list) and all(_is_number(x) for x in v)
+    return isinstance(v, list) and all(is_number(x) for x in v)
 
 
 _CELL_TYPES: dict[str, Callable[[Any], bool]] = {
     "score": lambda v: v is None or isinstance(v, str),
-    "target": lambda v: v is None or _is_number(v),
-    "threshold": lambda v: v is None or _is_number(v),
+    "target": lambda v: v is None or is_number(v),
+    "threshold": lambda v: v is None or is_number(v),
     "inactive_when": lambda v: v is None or isinstance(v, str),
-    "accuracy": _is_number,
-    "acc_norm": lambda v: v is None or _is_number(v),
-    "mean_ll_correct": lambda v: v is None or _is_number(v),
-    "fraction_zeroed": _is_number,
+    "accuracy": is_number,
+    "acc_norm": lambda v: v is None or is_number(v),
+    "mean_ll_correct": lambda v: v is None or is_number(v),
+    "fraction_zeroed": is_number,
     "per_layer": _is_numbers,
     "per_head": lambda v: isinstance(v, list) and all(_is_numbers(row) for row in v),
     "n_items": lambda v: isinstance(v, int) and not isinstance(v, bool),
-    "seconds": _is_number,
+    "seconds": is_number,
     "per_item": lambda v: v is None or isinstance(v, dict),
     "run": lambda v: v is None or isinstance(v, str),
     "generation": lambda v: v is None or isinstance(v, dict),
@@ -279,6 +283,14 @@ class Cell:
             generation=None if result.generation is None else dict(result.generation),
         )
 
+    def correct(self, ids: Sequence[Any] | None = None) -> npt.NDArray[np.bool_] | None:
+        """Per item, whether it was answered right (``pred == gold``); None without per-item answers, or when they
+        are not for the items ``ids`` (in that order)."""
+        if self.per_item is None or (ids is not None and self.per_item.get("ids") != list(ids)):
+            return None
+        right: npt.NDArray[np.bool_] = np.asarray(self.per_item["pred"]) == np.asarray(self.per_item["gold"])
+        return right
+
     def to_json(self) -> dict[str, Any]:
         """The stored JSON object (``per_item`` only when present)."""
         out = asdict(self)
@@ -331,6 +343,14 @@ class RunDir:
     @property
     def cells_path(self) -> Path:
         return self.root / "cells"
+
+    @property
+    def searches_path(self) -> Path:
+        return self.root / "searches"
+
+    @property
+    def blocks_path(self) -> Path:
+        return self.searches_path / "blocks"
 
     def read_run(self) -> dict[str, Any]:
         """The run record; FileNotFoundError when this is not a run directory."""

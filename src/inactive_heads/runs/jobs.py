@@ -26,13 +26,22 @@ from ..tasks import Task, get_task, heldout
 from .directory import Cell, RunDir, display_name, model_identity, run_digest, run_record, task_fingerprint
 from .store import cell_key
 
-__all__ = ["CalibrationItems", "PlannedCell", "calibrate", "compute_cell", "plan_cells", "score_names", "sweep"]
+__all__ = [
+    "CalibrationItems",
+    "PlannedCell",
+    "calibrate",
+    "compute_cell",
+    "plan_cells",
+    "result_key",
+    "score_names",
+    "sweep",
+]
 
 #: Which items a calibration records: the evaluated ones (the paper's protocol) or others of the same task.
 CalibrationItems = Literal["same", "heldout"]
 
 
-def _task(task: str | Task, config: EvalConfig) -> Task:
+def load_task(task: str | Task, config: EvalConfig) -> Task:
     # Load once, so each cell does not re-read the files; evaluate() accepts the loaded Task.
     if isinstance(task, Task):
         return task
@@ -97,10 +106,10 @@ def calibrate(
     """
     config = EvalConfig.from_options(config, **options)
     rd = RunDir(run_dir)
-    task_obj = _task(task, config)
+    task_obj = load_task(task, config)
     config = config.replace(shots=config.shots_for(task_obj))
     run = _run_record(model, task_obj, config, model_name)
-    cal_task = task_obj if calibration_task is None else _task(calibration_task, config)
+    cal_task = task_obj if calibration_task is None else load_task(calibration_task, config)
     if calibration_items == "heldout":
         if calibration_task is not None:
             raise InactiveHeadsError("a held-out calibration takes items of the evaluated task; drop calibration_task")
@@ -170,7 +179,16 @@ def score_names(scores: str | Sequence[str]) -> list[str]:
     return names
 
 
-def _planned_thresholds(rd: RunDir, names: list[str], ps: list[float]) -> dict[str, list[float]]:
+def result_key(run: str, score: str | None, **identity: Any) -> str:
+    """The store key of a result of run ``run`` (its :func:`~inactive_heads.runs.directory.run_digest`) under
+    ``score`` (None: the baseline): the run, the score's definition fingerprint and ``identity`` (a cell's
+    threshold; a search block's threshold, index and items; a search's design). Cells, search blocks and searches
+    are all keyed here, so what identifies a result cannot drift between them."""
+    definition = None if score is None else SCORE_FUNCTIONS[score].fingerprint
+    return cell_key(run=run, score=score, score_definition=definition, **identity)
+
+
+def planned_thresholds(rd: RunDir, names: list[str], ps: list[float]) -> dict[str, list[float]]:
     """Each score's thresholds at ``ps``: read from the run's thresholds record, and computed from the calibration
     scores (then added to the record) where the record lacks them."""
     meta = rd.read_meta()
@@ -227,16 +245,27 @@ def plan_cells(
     names = score_names(scores)
     ps = check_targets(targets)
     rd = RunDir(run_dir)
-    thresholds = _planned_thresholds(rd, names, ps)
+    thresholds = planned_thresholds(rd, names, ps)
     digest = run_digest(rd.read_run())
     grid: list[tuple[str | None, float | None, float | None]] = [(None, None, None)]
     grid += [(n, p, thresholds[n][i]) for i, p in enumerate(ps) for n in names]  # target-major: early full picture
     cells: dict[str, PlannedCell] = {}
     for score, target, threshold in grid:
-        definition = None if score is None else SCORE_FUNCTIONS[score].fingerprint
-        key = cell_key(run=digest, score=score, score_definition=definition, threshold=threshold)
+        key = result_key(digest, score, threshold=threshold)
         cells.setdefault(key, PlannedCell(key, score, target, threshold))
     return list(cells.values())
+
+
+def open_run(
+    model: PreTrainedModel, task: str | Task, rd: RunDir, config: EvalConfig
+) -> tuple[Task, EvalConfig, dict[str, Any]]:
+    """The loaded task, ``config`` with its shots resolved and the run record of ``rd``, once ``model``, ``task``
+    and ``config`` are checked to be the run's (InactiveHeadsError naming what differs)."""
+    task_obj = load_task(task, config)
+    config = config.replace(shots=config.shots_for(task_obj))
+    run = rd.read_run()
+    rd.check_run(_run_record(model, task_obj, config, run["model"]["name"]))
+    return task_obj, config, run
 
 
 def compute_cell(
@@ -264,10 +293,7 @@ def compute_cell(
     store = rd.cell_store()
     if store.has(cell.key):
         return False
-    task_obj = _task(task, config)
-    config = config.replace(shots=config.shots_for(task_obj))
-    run = rd.read_run()
-    rd.check_run(_run_record(model, task_obj, config, run["model"]["name"]))
+    task_obj, config, run = open_run(model, task, rd, config)
     with store.claim(cell.key, wait=wait) as mine:
         if not mine:
             return None
@@ -318,7 +344,7 @@ def sweep(
     config = EvalConfig.from_options(config, **options)
     names = score_names(scores)
     ps = check_targets(targets)  # before calibrate writes anything
-    task_obj = _task(task, config)
+    task_obj = load_task(task, config)
     config = config.replace(shots=config.shots_for(task_obj))
     calibrate(
         model,
@@ -345,7 +371,7 @@ def sweep(
     def run(cell: PlannedCell, wait: bool) -> bool | None:
         label = f"{cell.score or 'baseline'} p={cell.target}"
         computed = compute_cell(
-            model, tokenizer, task_obj, run_dir, cell, config, progress=_sequence_bar(progress, label), wait=wait
+            model, tokenizer, task_obj, run_dir, cell, config, progress=sequence_bar(progress, label), wait=wait
         )
         if computed and on_cell is not None:
             on_cell(cell.key, store.get(cell.key))
@@ -364,7 +390,7 @@ def sweep(
     return [store.get(c.key) for c in cells]
 
 
-def _sequence_bar(progress: bool, desc: str) -> Callable[[int], Any] | bool:
+def sequence_bar(progress: bool, desc: str) -> Callable[[int], Any] | bool:
     """A transient bar over one evaluation's sequences, shown beneath the sweep's bar of cells."""
     if not progress:
         return False

@@ -20,15 +20,19 @@ from typing import Any
 
 from ..atomic import canonical_json
 from ..errors import InactiveHeadsError
+from ..runs.adaptive import SearchDesign
 from ..runs.directory import slug
 from ..scores import SCORE_FUNCTIONS
 from ..stats.thresholds import check_targets
 from .executors import Resources
 
-__all__ = ["DTYPES", "Study", "StudyFileError", "StudyModel", "StudyTask", "load_study", "parse_study"]
+__all__ = ["DESIGNS", "DTYPES", "Study", "StudyFileError", "StudyModel", "StudyTask", "load_study", "parse_study"]
 
 #: The dtypes a model may be loaded in.
 DTYPES = ("float32", "bfloat16", "float16")
+#: How a task's runs are evaluated: every (score, target) cell, a search for each score's crossing, or the search's
+#: estimator over the fixed targets (each probe stopped once decided).
+DESIGNS = ("grid", "adaptive", "sequential-grid")
 _REQUIRED = object()
 
 
@@ -65,6 +69,8 @@ class StudyTask:
     scores: tuple[str, ...] | None = None
     targets: tuple[float, ...] | None = None
     models: tuple[str, ...] | None = None
+    design: str = "grid"
+    search: SearchDesign | None = None  # the design's tolerance and budgets; None for the grid
 
 
 @dataclass(frozen=True)
@@ -91,8 +97,14 @@ class Study:
 
     def grid_cells(self, task: StudyTask) -> int:
         """Cells of one run of ``task``'s grid: the baseline and every (score, target); tied targets share a cell,
-        so a calibrated run may plan fewer."""
+        so a calibrated run may plan fewer. A searched task has the baseline only."""
+        if task.search is not None:
+            return 1
         return 1 + len(self.scores_of(task)) * len(self.targets_of(task))
+
+    def searches(self, task: StudyTask) -> int:
+        """Searches of one run of ``task``: one per score function when its design searches, else none."""
+        return 0 if task.search is None else len(self.scores_of(task))
 
     def runs(self) -> list[tuple[StudyModel, StudyTask]]:
         """Every (model, task) of the grid, model by model in the file's order."""
@@ -114,9 +126,11 @@ class Study:
     def run_name(self, model: StudyModel, task: StudyTask) -> str:
         """The run directory name of (model, task): readable, plus a digest of every setting that changes the run
         (cells are keyed by their own content; this keeps runs that may not share a directory apart)."""
+        # A grid task leaves out the design keys, so runs named before searches existed keep their names.
+        unnamed = ("models", "design", "search") if task.search is None else ("models",)
         settings = {
             "model": {k: v for k, v in dataclasses.asdict(model).items() if k not in ("device_map", "resources")},
-            "task": {k: v for k, v in dataclasses.asdict(task).items() if k != "models"},
+            "task": {k: v for k, v in dataclasses.asdict(task).items() if k not in unnamed},
             "seed": self.seed,
         }
         digest = hashlib.sha256(canonical_json(settings).encode()).hexdigest()[:10]
@@ -298,7 +312,9 @@ def parse_study(
         data_dir = _path(data_dir, base, lambda m: top.fail("data_dir", m))
 
     scores = _scores(top, "all")
-    targets = _targets(top, _REQUIRED)
+    design = top.choice("design", DESIGNS, "grid")
+    search = _search(top, "search", SearchDesign(), error)
+    targets = _targets(top, _REQUIRED if design == "grid" else None)  # a searched study needs none
 
     defaults = _resources(top.get("resources", dict, {}), "resources.", error, Resources())
 
@@ -325,6 +341,8 @@ def parse_study(
     tasks: list[StudyTask] = []
     for i, raw in enumerate(top.get("tasks", list)):
         t = _Table(raw, f"tasks[{i}].", error)
+        task_design = t.choice("design", DESIGNS, design)
+        task_search = _search(t, "search", search, error)
         task = StudyTask(
             name=t.get("name", str),
             shots=t.count("shots", 0, None),
@@ -336,7 +354,9 @@ def parse_study(
             scores=_scores(t, None),
             targets=_targets(t, None),
             models=t.strings("models", None),
+            design=task_design,
         )
+        task = dataclasses.replace(task, search=_design_of(t, task, targets, task_search))
         if task.calibration_items == "heldout" and task.calibration_task is not None:
             raise t.fail("calibration_items", "a held-out calibration uses the task's own items; drop calibration_task")
         for key in ("name", "calibration_task"):
@@ -391,7 +411,7 @@ def parse_study(
         models=tuple(models),
         tasks=tuple(tasks),
         scores=scores,
-        targets=targets,
+        targets=targets or (),
         seed=seed,
         batch_size=batch_size,
         data_dir=data_dir,
@@ -427,6 +447,47 @@ def _targets(t: _Table, default: Any) -> Any:
         return tuple(check_targets(targets))
     except ValueError as e:
         raise t.fail("targets", str(e)) from None
+
+
+def _search(t: _Table, key: str, parent: SearchDesign, error: Callable[[str], StudyFileError]) -> SearchDesign:
+    """``parent`` with the keys of ``t``'s table ``key`` applied, each checked as :class:`SearchDesign` checks it."""
+    table = _Table(t.get(key, dict, {}), f"{t.where}{key}.", error)
+    design = parent
+    for name in ("tolerance", "max_fraction", "resolution", "alpha"):
+        value = table.get(name, (int, float), None)
+        if value is not None:
+            design = _apply(table, design, name, float(value))
+    for name in ("max_probes", "block_size", "max_items"):
+        value = table.get(name, int, None)
+        if value is not None:
+            design = _apply(table, design, name, value)
+    table.done()
+    return design
+
+
+def _apply(table: _Table, design: SearchDesign, name: str, value: Any) -> SearchDesign:
+    try:
+        return dataclasses.replace(design, **{name: value})
+    except InactiveHeadsError as e:
+        raise table.fail(name, str(e)) from None
+
+
+def _design_of(
+    t: _Table, task: StudyTask, targets: tuple[float, ...] | None, search: SearchDesign
+) -> SearchDesign | None:
+    """The search of ``task`` (None for the grid); the sequential grid probes the task's targets above 0."""
+    if task.design == "grid":
+        if "search" in t.data:
+            raise t.fail("search", 'applies to design = "adaptive" or "sequential-grid"; set design or drop it')
+        if task.targets is None and targets is None:
+            raise t.fail("targets", "missing: the grid design needs targets, here or at the top of the file")
+        return None
+    if task.design == "adaptive":
+        return search
+    grid = tuple(p for p in task.targets or targets or () if p > 0)
+    if not grid:
+        raise t.fail("targets", "the sequential grid needs targets above 0, here or at the top of the file")
+    return _apply(t, search, "targets", grid)
 
 
 def _default_model_name(spec: str) -> str:

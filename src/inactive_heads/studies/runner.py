@@ -3,14 +3,16 @@
 Study directory::
 
     study.json                          the study file's normalized content (of the last run) and package version
-    runs/<model>--<task>-<digest>/      one run directory per (model, task): run.json, calibration/, cells/
+    runs/<model>--<task>-<digest>/      one run directory per (model, task): run.json, calibration/, cells/ (and
+                                         searches/ where the task's design searches each score's crossing)
     report/report.md, report.html       one report over every run of the study
 
-Calibrations and cells are the jobs of :mod:`inactive_heads.runs.jobs` (:func:`~inactive_heads.runs.calibrate`,
-:func:`~inactive_heads.runs.compute_cell`), run by an executor (:mod:`inactive_heads.studies.executors`) on workers
-that each hold one loaded model. Cells are content-addressed and written atomically by the jobs themselves, so the same
-study gives the same cells on any executor (given the same threads per worker: float sums can depend on the thread
-count), and an interrupted study resumes: finished calibrations and cells are found and skipped before any model is
+Calibrations, cells and searches are the jobs of :mod:`inactive_heads.runs` (:func:`~inactive_heads.runs.calibrate`,
+:func:`~inactive_heads.runs.compute_cell`, :func:`~inactive_heads.runs.adaptive.search_score`), run by an executor
+(:mod:`inactive_heads.studies.executors`) on workers that each hold one loaded model. Cells, search blocks and
+searches are content-addressed and written atomically by the jobs themselves, so the same study gives the same
+results on any executor (given the same threads per worker: float sums can depend on the thread count), and an
+interrupted study resumes: finished calibrations, cells and searches are found and skipped before any model is
 loaded.
 """
 
@@ -29,7 +31,8 @@ from typing import Any
 from ..atomic import atomic_write_json
 from ..errors import InactiveHeadsError, UnknownNameError
 from ..evaluation import EvalConfig
-from ..runs.directory import Cell, RunDir
+from ..runs.adaptive import load_searches, search_key, search_score
+from ..runs.directory import Cell, RunDir, run_digest
 from ..runs.jobs import PlannedCell, calibrate, compute_cell, plan_cells
 from ..runs.store import package_version
 from ..tasks import DATA_ENV, Task, get_task
@@ -56,6 +59,8 @@ class StudyResult:
     report: Path | None
     seconds: float
     no_report: str | None = None
+    searches: int = 0
+    searched: int = 0
 
 
 @dataclass(frozen=True)
@@ -188,6 +193,30 @@ class _Cell:
         )
 
 
+@dataclass(frozen=True)
+class _Search:
+    """The job searching one score's crossing in a calibrated run; returns the search, or None when another process
+    holds it and ``wait`` is False."""
+
+    run: _Run
+    score: str
+    wait: bool = False
+
+    def __call__(self, worker: _Worker, bar: Bar) -> Any:
+        r, t = self.run, self.run.task
+        return search_score(
+            worker.model,
+            worker.tokenizer,
+            worker.task(t.name, t.source, r.data_dir),
+            r.dir,
+            self.score,
+            t.search,
+            r.config(),
+            progress=partial(r.bar, bar) if r.progress else False,
+            wait=self.wait,
+        )
+
+
 def _executor(executor: str | Executor, address: str | None) -> Executor:
     if isinstance(executor, Executor):
         if address is not None:
@@ -209,17 +238,19 @@ class _Plan:
 
     def __init__(self, spec: Study):
         self.spec = spec
-        self.total = spec.max_cells  # an upper bound until every run is planned
+        # Cells (an upper bound until every run is planned) and searches.
+        self.total = spec.max_cells + sum(spec.searches(t) for _, t in spec.runs())
         self.keys: dict[Path, list[str]] = {}
-        self.computed = self.reused = self.calibrated = 0
+        self.computed = self.reused = self.calibrated = self.searched = 0
 
     def planned(self, task: StudyTask, run_dir: Path) -> list[PlannedCell] | None:
         """The cells of a run of ``task``; None while they cannot be planned (not calibrated, or its calibration
         scores are not stored and its thresholds record lacks thresholds the study asks for)."""
         if RunDir(run_dir).read_meta() is None:
             return None
+        targets = () if task.search is not None else self.spec.targets_of(task)  # a searched run: the baseline
         try:
-            return plan_cells(run_dir, scores=self.spec.scores_of(task), targets=self.spec.targets_of(task))
+            return plan_cells(run_dir, scores=self.spec.scores_of(task), targets=targets)
         except FileNotFoundError:
             return None
 
@@ -242,8 +273,18 @@ class _Plan:
         self.total -= self.spec.grid_cells(run.task) - len(cells)  # tied targets share a cell
         store = RunDir(run.dir).cell_store()
         missing = [c for c in cells if not store.has(c.key)]
-        self.reused += len(cells) - len(missing)
-        return [_Cell(run, c) for c in missing]
+        unsearched = [s for s in self.spec.scores_of(run.task) if not _searched(run.task, run.dir, s)]
+        self.reused += len(cells) - len(missing) + self.spec.searches(run.task) - len(unsearched)
+        # The searches after the baseline cell, which each reads (a worker that reaches one first waits for it).
+        return [_Cell(run, c) for c in missing] + [_Search(run, s) for s in unsearched]
+
+
+def _searched(task: StudyTask, run_dir: Path, score: str) -> bool:
+    """Whether the search of ``score`` in a calibrated run of ``task`` is stored (True for the grid: none is due)."""
+    if task.search is None:
+        return True
+    key = search_key(run_digest(RunDir(run_dir).read_run()), score, task.search)
+    return bool(load_searches(run_dir, [key]))
 
 
 def _resolve(study: str | Path | Study, out: str | Path | None, limit: int | None) -> tuple[Study, Path]:
@@ -257,7 +298,9 @@ def _resolve(study: str | Path | Study, out: str | Path | None, limit: int | Non
 @dataclass(frozen=True)
 class RunStatus:
     """How far one (model, task) run of a study is: ``planned`` cells (an upper bound until it is calibrated, as
-    tied targets share a cell) and the wall time of each stored cell (``cell_seconds``)."""
+    tied targets share a cell) and the wall time of each stored cell (``cell_seconds``); for a searched task, its
+    ``searches`` (one per score), the evaluation time of each stored one (``search_seconds``), and the most one
+    search costs in cells of the run (``search_cells``: probes times the share of the items each reads)."""
 
     model: str
     task: str
@@ -265,6 +308,9 @@ class RunStatus:
     calibrated: bool
     planned: int
     cell_seconds: tuple[float, ...]
+    searches: int = 0
+    search_seconds: tuple[float, ...] = ()
+    search_cells: float = 0.0
 
     @property
     def stored(self) -> int:
@@ -287,6 +333,10 @@ def study_status(study: str | Path | Study, out: str | Path | None = None, limit
         calibrated = planned is not None
         keys = [c.key for c in planned or ()]
         cells = [c for _, c in rd.cell_store().load(Cell.from_json, keys)]
+        searched = [] if not calibrated or t.search is None else load_searches(rd.root)
+        design = t.search
+        probes = 0 if design is None else len(design.targets or ()) or design.max_probes
+        share = 1.0 if design is None or design.max_items is None or t.limit is None else design.max_items / t.limit
         status.append(
             RunStatus(
                 model=m.name,
@@ -295,6 +345,9 @@ def study_status(study: str | Path | Study, out: str | Path | None = None, limit
                 calibrated=calibrated,
                 planned=len(keys) if calibrated else spec.grid_cells(t),
                 cell_seconds=tuple(float(c.seconds) for c in cells),
+                searches=spec.searches(t),
+                search_seconds=tuple(s.seconds for s in searched if s.design == design),
+                search_cells=probes * min(share, 1.0),
             )
         )
     return status
@@ -369,9 +422,11 @@ def study(
                 bar.total = plan.total
                 bar.update(plan.reused - reused)  # cells another process stored meanwhile
             return follow
-        if result is None and isinstance(job, _Cell):  # another process sharing the study directory holds it
+        if result is None and isinstance(job, _Cell | _Search):  # another process sharing the study directory holds it
             return [replace(job, wait=True)]  # wait for it after the rest
-        if result:
+        if isinstance(job, _Search):
+            plan.searched += 1
+        elif result:
             plan.computed += 1
         else:  # stored by another process meanwhile
             plan.reused += 1
@@ -420,4 +475,6 @@ def study(
         report=report_path,
         no_report=no_report,
         seconds=time.perf_counter() - t0,
+        searches=sum(spec.searches(r.task) for r in runs),
+        searched=plan.searched,
     )

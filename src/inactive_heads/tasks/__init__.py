@@ -36,6 +36,7 @@ __all__ = [
     "TaskSpec",
     "get_task",
     "heldout",
+    "pinned",
     "register_task",
     "subset",
 ]
@@ -144,6 +145,8 @@ class Task:
     notes: str = ""
     #: set for generative tasks: the item's single continuation is then the target text, not a choice to score
     generation: Generation | None = None
+    #: few-shot examples fixed per item id (see :func:`pinned`); None: drawn from the pools
+    examples: Mapping[str, tuple[Item, ...]] | None = None
 
     def description(self, item: Item) -> str:
         return self.descriptions.get(item.group, "")
@@ -152,6 +155,8 @@ class Task:
         """The ``shots`` examples lm-eval would put before ``item`` (``rnd``: the task's shared sampler state)."""
         if shots <= 0:
             return []
+        if self.examples is not None:
+            return list(self.examples[item.id])
         if self.fewshot is None:
             raise DataError(
                 f"task {self.name!r} has no few-shot source: {self.fewshot_missing or 'none loaded'}; use shots=0"
@@ -296,6 +301,16 @@ def heldout(task: Task, limit: int | None, seed: int = 0) -> Task:
             "items leaves none for a held-out calibration; lower the limit or calibrate on the same items"
         )
     return replace(task, items=rest)
+
+
+def pinned(task: Task, limit: int | None, seed: int, shots: int) -> Task:
+    """The items an evaluation with ``limit``, ``seed`` and ``shots`` reads (:func:`subset`), each with the few-shot
+    examples fixed to those that evaluation gives it, so that any part of them (``replace(t, items=part)``) is
+    evaluated as within the whole: a random sampler draws an item's examples after the items before it."""
+    items = subset(task.items, limit, seed)
+    rnd = random.Random(FEWSHOT_SEED)  # as the evaluation's requests draw them
+    examples = {it.id: tuple(task.fewshot_examples(it, shots, rnd)) for it in items}
+    return replace(task, items=items, examples=examples)
 
 
 # Built-in task modules register themselves on import.

@@ -1,0 +1,173 @@
+"""The report on searched crossings (:mod:`inactive_heads.runs.adaptive`): each run's crossings with their intervals,
+ranks and cost, every probe with its stop decision, the crossings of a task's models side by side, and their rows
+in ``cells.csv``. A run without searches adds nothing, so a grid-only report is unchanged."""
+
+from __future__ import annotations
+
+import csv
+import io
+from collections.abc import Sequence
+
+from ..runs.adaptive import Search, load_searches
+from ..runs.directory import RunData, score_label
+from ..stats.crossing import format_crossing
+from .document import Document
+from .tables import calibration_label
+
+__all__ = ["CROSSING_NOTE", "crossing_ranks", "crossings_across", "crossings_csv", "crossings_section"]
+
+CROSSING_NOTE = (
+    "Crossing: the largest realised fraction of heads zeroed at which expected accuracy stays within the tolerance "
+    "of baseline, from an isotonic (non-increasing) fit of the paired accuracy difference against the fraction, "
+    "with a 95% paired bootstrap interval over items. > X%: the fit stays within the tolerance up to X, the "
+    "largest fraction probed (censored; an interval ending in > X has the same meaning for its upper end). n/a: "
+    "the score function zeroes no head, so it has no crossing and is not ranked. Rank 1 tolerates most zeroing, by "
+    "the point estimate (a censored one by its bound); it orders estimates, it does not test their differences."
+)
+
+
+def _groups(searches: Sequence[Search]) -> dict[str, list[Search]]:
+    """Searches by design (kind and budgets), in order of appearance: only searches of one design are compared."""
+    out: dict[str, list[Search]] = {}
+    for s in searches:
+        out.setdefault(_design_text(s), []).append(s)
+    return out
+
+
+def _design_text(s: Search) -> str:
+    d = s.design
+    items = "every item" if d.max_items is None else f"at most {d.max_items} items"
+    if d.targets is None:
+        where = f"probabilistic bisection up to {100 * d.max_fraction:g}% of heads, at most {d.max_probes} probes"
+    else:
+        where = f"fixed targets {', '.join(f'{100 * t:g}%' for t in d.targets)}"
+    return (
+        f"{s.design.kind} design: {where}, {items} per probe in blocks of {d.block_size}, tolerance "
+        f"{100 * d.tolerance:g} pt, each probe's test at alpha {d.alpha:g}"
+    )
+
+
+def crossing_ranks(searches: Sequence[Search]) -> dict[str, float]:
+    """Rank of each score function with a crossing (1: tolerates most zeroing; ties share their mean rank), by the
+    point estimate; a function that zeroes no head (n/a) has none."""
+    ranked = [s for s in searches if s.crossing.state != "not_applicable"]
+    values = sorted((s.crossing.value for s in ranked), reverse=True)
+    ranks = {}
+    for s in ranked:
+        first = values.index(s.crossing.value)
+        ranks[s.score] = first + (values.count(s.crossing.value) + 1) / 2
+    return ranks
+
+
+def crossings_section(doc: Document, run: RunData) -> bool:
+    """The crossings searched in ``run``, per design: a table of crossings with rank and cost, then every probe.
+    Returns whether the run has any."""
+    searches = load_searches(run.dir)
+    for text, group in _groups(searches).items():
+        doc.p(f"Crossings searched ({text}). {CROSSING_NOTE}")
+        ranks = crossing_ranks(group)
+        doc.table(
+            ["score", "label", "crossing [95% interval]", "rank", "probes", "search stop", "items evaluated", "eval s"],
+            [
+                [
+                    s.score,
+                    score_label(s.score),
+                    format_crossing(s.crossing),
+                    f"{ranks[s.score]:g}" if s.score in ranks else "–",
+                    str(len(s.probes)),
+                    s.stop.replace("_", " "),
+                    f"{s.items_evaluated:,} ({s.items_evaluated / s.n_items:.1f} × {s.n_items:,})",
+                    f"{s.seconds:.0f}",
+                ]
+                for s in group
+            ],
+        )
+        doc.p(
+            "Probes in the order run: accuracy change to baseline on the probe's items in points with its "
+            "anytime-valid confidence sequence at the last look, and the test's decision (within or below the "
+            "tolerance, or undecided at the item budget)."
+        )
+        doc.table(
+            ["score", "target %", "% zeroed", "items", "looks", "Δ acc [CS]", "decision", "probe stop"],
+            [
+                [
+                    s.score,
+                    f"{100 * p.target:g}",
+                    f"{100 * p.fraction:.1f}",
+                    str(p.items),
+                    str(len(p.looks)),
+                    f"{100 * p.mean:+.1f} [{100 * p.looks[-1].low:+.1f}, {100 * p.looks[-1].high:+.1f}]",
+                    p.decision,
+                    p.stop.replace("_", " "),
+                ]
+                for s in group
+                for p in s.probes
+            ],
+        )
+    return bool(searches)
+
+
+def crossings_across(doc: Document, runs: Sequence[RunData]) -> None:
+    """The crossings of one task's runs side by side, a column per model and a table per design (nothing without
+    searches)."""
+    by_run = [load_searches(r.dir) for r in runs]
+    designs = list(dict.fromkeys(_design_text(s) for found in by_run for s in found))
+    for text in designs:
+        found = [{s.score: s for s in searches if _design_text(s) == text} for searches in by_run]
+        shown = [(r, f) for r, f in zip(runs, found, strict=True) if f]
+        ranks = [crossing_ranks(list(f.values())) for _, f in shown]
+        names = list(dict.fromkeys(n for _, f in shown for n in f))
+        doc.p(f"Crossing of each score function per model (rank), {text}. {CROSSING_NOTE}")
+        rows = []
+        for n in names:
+            cells = []
+            for (_, f), rank in zip(shown, ranks, strict=True):
+                s = f.get(n)
+                ranked = f" ({rank[n]:g})" if n in rank else ""
+                cells.append("–" if s is None else format_crossing(s.crossing) + ranked)
+            rows.append([n, score_label(n), *cells])
+        doc.table(["score", "label", *(r.name for r, _ in shown)], rows)
+
+
+_CSV_EXTRA = [
+    "row", "design", "state", "crossing", "crossing_low", "crossing_high", "high_censored", "decision", "stop",
+    "seconds",
+]  # fmt: skip
+
+
+def crossings_csv(text: str, runs: Sequence[RunData]) -> str:
+    """``cells.csv`` (``text``) with the searches of ``runs`` added: when any run has one, extra columns (``row``:
+    cell, crossing or probe), a row per search (its crossing, ``n_items`` the items it evaluated) and a row per
+    probe (``delta`` its mean paired difference, ``delta_low``/``delta_high`` its confidence sequence at the last
+    look); ``text`` itself otherwise. ``high_censored``: the interval's upper end is the bound ``> crossing_high``."""
+    searches = [(r, s) for r in runs for s in load_searches(r.dir)]
+    if not searches:
+        return text
+    rows = list(csv.reader(io.StringIO(text)))
+    out = io.StringIO()
+    writer = csv.writer(out, lineterminator="\n")
+    writer.writerow(rows[0] + _CSV_EXTRA)
+    for row in rows[1:]:
+        writer.writerow(row + ["cell"] + [""] * (len(_CSV_EXTRA) - 1))
+
+    def num(value: float) -> str:
+        return f"{value:.6g}"
+
+    for run, s in searches:
+        cfg, c = run.settings, s.crossing
+        common = [run.name, cfg.get("task"), cfg.get("shots"), cfg.get("limit"), calibration_label(run), s.score]
+        applicable = c.state != "not_applicable"
+        values = [num(v) if applicable else "" for v in (c.value, c.low, c.high)]
+        censored = str(c.high_censored).lower() if applicable else ""
+        writer.writerow(
+            [*common, *[""] * 8, s.items_evaluated, "crossing", s.design.kind, c.state, *values, censored, "", s.stop,
+             num(s.seconds)]
+        )  # fmt: skip
+        for p in s.probes:
+            look = p.looks[-1]
+            writer.writerow(
+                [*common, num(p.target), num(p.threshold), num(p.fraction), num(p.accuracy), num(p.mean),
+                 num(look.low), num(look.high), "", p.items, "probe", s.design.kind, *[""] * 5, p.decision, p.stop,
+                 num(p.seconds)]
+            )  # fmt: skip
+    return out.getvalue()

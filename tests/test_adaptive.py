@@ -1,0 +1,231 @@
+"""The search for each score's crossing on a tiny model: records, resume after a kill without evaluating a stored
+block again, replay, censoring and n/a, the report, the study file and an adaptive study end to end."""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import io
+import json
+import random
+import textwrap
+
+import pytest
+import torch
+from _tiny import tiny_model, tiny_tokenizer
+
+import inactive_heads as ih
+import inactive_heads.evaluation as evaluation
+from inactive_heads.cli import main
+from inactive_heads.report.writer import write_report
+from inactive_heads.runs.adaptive import Search, SearchDesign, load_searches, search_score
+from inactive_heads.runs.directory import RunDir
+from inactive_heads.scores import _SCORE_FUNCTIONS
+from inactive_heads.stats.crossing import format_crossing
+from inactive_heads.studies.file import StudyFileError, parse_study
+from inactive_heads.tasks import _TASKS, pinned
+from inactive_heads.tasks.recall import recall_task
+
+# Small enough that a search of a few probes takes seconds: 24 items, 3 blocks of 8 per probe at most.
+_DESIGN = SearchDesign(tolerance=0.02, block_size=8, max_items=16, max_probes=3)
+
+
+def _task():
+    return recall_task(n_items=24, seed=1, n_words=6)
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    """A calibrated run directory of the tiny llama on the short recall task, with its model and task."""
+    model, tok, task = tiny_model("llama", seed=0), tiny_tokenizer(), _task()
+    run_dir = tmp_path_factory.mktemp("adaptive") / "run"
+    ih.calibrate(model, tok, task, run_dir, batch_size=8, progress=False)
+    return model, tok, task, run_dir
+
+
+class _Killed(Exception):
+    pass
+
+
+def _count_blocks(monkeypatch, fail_after: int | None = None) -> list[object]:
+    """Count the evaluations under a policy (search blocks); raise instead of the one after ``fail_after``."""
+    calls: list[object] = []
+    real = evaluation.evaluate
+
+    def counting(*args, **kwargs):
+        if kwargs.get("policy") is not None:
+            if fail_after is not None and len(calls) == fail_after:
+                raise _Killed
+            calls.append(kwargs["policy"])
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(evaluation, "evaluate", counting)
+    return calls
+
+
+def test_search_resumes_after_a_kill_and_replays(run, monkeypatch):
+    model, tok, task, run_dir = run
+    rd = RunDir(run_dir)
+    with pytest.raises(_Killed), monkeypatch.context() as m:
+        _count_blocks(m, fail_after=2)
+        search_score(model, tok, task, run_dir, "ahon", _DESIGN, batch_size=8)
+    assert len(list(rd.blocks_path.glob("*.json"))) == 2  # the blocks finished before the kill
+    assert not list(rd.searches_path.glob("*.json"))
+
+    with monkeypatch.context() as m:
+        calls = _count_blocks(m)
+        found = search_score(model, tok, task, run_dir, "ahon", _DESIGN, batch_size=8)
+    blocks = list(rd.blocks_path.glob("*.json"))
+    assert len(calls) == len(blocks) - 2  # the stored blocks were not evaluated again
+    assert not list(rd.blocks_path.glob(".*.tmp"))
+
+    # The record: every probe and look, read back validated; its cost adds up.
+    [path] = rd.searches_path.glob("*.json")
+    stored = Search.from_json(json.loads(path.read_text()))
+    assert stored == found and stored.to_json() == found.to_json()
+    assert found.design == _DESIGN and 1 <= len(found.probes) <= _DESIGN.max_probes
+    assert found.probes[0].target == pytest.approx(_DESIGN.max_fraction)  # censoring is checked first
+    assert sum(len(p.looks) for p in found.probes) == len(blocks)
+    assert found.items_evaluated == sum(p.items for p in found.probes) == sum(p.looks[-1].items for p in found.probes)
+    assert all(p.items <= _DESIGN.max_items for p in found.probes)
+    assert found.stop in ("converged", "max_probes") and found.crossing.tolerance == _DESIGN.tolerance
+
+    # A rerun replays: with the record gone, every block is read back, nothing is evaluated, the same record results.
+    path.unlink()
+    with monkeypatch.context() as m:
+        calls = _count_blocks(m)
+        again = search_score(model, tok, task, run_dir, "ahon", _DESIGN, batch_size=8)
+    assert calls == [] and again.to_json() == found.to_json()
+    assert load_searches(run_dir) == [found]
+
+
+def test_censored_and_not_applicable_in_the_report(run, tmp_path):
+    model, tok, task, run_dir = run
+    # A tolerance of 50 points: zeroing at random never leaves it, so the crossing lies above the largest probe.
+    loose = SearchDesign(tolerance=0.5, block_size=8, max_items=8, max_probes=2)
+    censored = search_score(model, tok, task, run_dir, "random", loose, batch_size=8)
+    assert censored.crossing.state == "censored" and format_crossing(censored.crossing).startswith("> ")
+
+    # A score equal on every head passes no threshold below half of the heads: it zeroes none, so it has no crossing.
+    @ih.register_score("flat_test", inactive_when="below", needs={"ahon"})
+    def flat_test(s):
+        return torch.ones_like(s.ahon)
+
+    try:
+        none = search_score(model, tok, task, run_dir, "flat_test", dataclasses.replace(loose, max_fraction=0.4))
+        assert none.crossing.state == "not_applicable" and none.stop == "not_applicable"
+        assert format_crossing(none.crossing) == "n/a" and [p.stop for p in none.probes] == ["no_heads"]
+        md, _ = write_report([run_dir], tmp_path / "report")
+    finally:
+        _SCORE_FUNCTIONS.pop("flat_test", None)
+    text = md.read_text()
+    assert "Crossings searched" in text and "| flat_test | flat_test | n/a | – |" in text
+    assert f"| random | Random | {format_crossing(censored.crossing)} | 1 |".replace(">", "&gt;") in text
+    rows = list(csv.DictReader(io.StringIO((tmp_path / "report" / "cells.csv").read_text())))
+    crossings = {r["score"]: r for r in rows if r["row"] == "crossing"}
+    assert crossings["flat_test"]["state"] == "not_applicable" and crossings["flat_test"]["crossing"] == ""
+    assert crossings["random"]["state"] == "censored" and crossings["random"]["high_censored"] == "true"
+    assert [r["row"] for r in rows if r["score"] == "baseline"] == ["cell"]
+    assert sum(r["row"] == "probe" for r in rows) == sum(len(s.probes) for s in load_searches(run_dir))
+
+
+def test_pinned_items_keep_their_few_shot_examples():
+    task = dataclasses.replace(_task(), fewshot_sampler="random")
+    whole = pinned(task, 12, 3, shots=2)
+    part = dataclasses.replace(whole, items=whole.items[5:7])
+    rnd = random.Random(1234)
+    drawn = {it.id: task.fewshot_examples(it, 2, rnd) for it in whole.items}  # the whole evaluation's draws
+    assert [part.fewshot_examples(it, 2, rnd) for it in part.items] == [drawn[it.id] for it in part.items]
+
+
+def test_design_and_study_keys_are_checked():
+    with pytest.raises(ih.InactiveHeadsError, match="tolerance must be"):
+        SearchDesign(tolerance=1.0)
+    with pytest.raises(ih.InactiveHeadsError, match="max_probes must be"):
+        SearchDesign(max_probes=0)
+    base = {"models": [{"name": "m", "spec": "org/m"}], "design": "adaptive", "scores": ["ahon"]}
+    study = parse_study({**base, "search": {"tolerance": 0.02}, "tasks": [{"name": "recall"}]}, where="s.toml")
+    assert study.tasks[0].search == SearchDesign(tolerance=0.02) and study.grid_cells(study.tasks[0]) == 1
+    bad = [
+        ({"search": {"tolerance": 2}}, "s.toml: search.tolerance: tolerance must be"),
+        ({"search": {"probes": 2}}, "s.toml: search.probes: unknown key"),
+        ({"tasks": [{"name": "recall", "search": {"max_items": 0}}]}, r"tasks\[0\].search.max_items: max_items must"),
+        ({"design": "grid", "targets": [0.1], "tasks": [{"name": "recall", "search": {}}]}, r"tasks\[0\].search: app"),
+        ({"design": "grid", "tasks": [{"name": "recall"}]}, "targets: missing"),
+        ({"design": "bisect"}, "design: expected one of grid, adaptive, sequential-grid"),
+    ]
+    for change, message in bad:
+        with pytest.raises(StudyFileError, match=message):
+            parse_study({**base, "tasks": [{"name": "recall"}], **change}, where="s.toml")
+
+
+def test_sweep_checks_the_design_before_a_model_loads(capsys):
+    assert main(["sweep", "--model", "no/such-model", "--task", "recall", "--design", "adaptive", "--tolerance", "1"])
+    assert "tolerance must be an accuracy loss in (0, 1)" in capsys.readouterr().err
+
+
+_PLUGIN = """
+import dataclasses
+import inactive_heads as ih
+from inactive_heads.tasks.recall import recall_task
+
+@ih.register_task("recall_tiny", summary="16 recall items over 6-word lists")
+def recall_tiny(data_dir, source):
+    return dataclasses.replace(recall_task(n_items=16, seed=1, n_words=6), name="recall_tiny")
+"""
+
+
+def test_adaptive_study_end_to_end(tmp_path, capsys):
+    tiny_model("llama", seed=0).save_pretrained(tmp_path / "llama")
+    tiny_tokenizer().save_pretrained(tmp_path / "llama")
+    (tmp_path / "plugin.py").write_text(_PLUGIN)
+    (tmp_path / "study.toml").write_text(
+        textwrap.dedent(
+            """
+            name = "mixed"
+            scores = ["ahon", "random"]
+            targets = [0.25]
+            batch_size = 8
+            plugins = ["plugin.py"]
+
+            [search]
+            block_size = 8
+            max_items = 8
+            max_probes = 2
+
+            [[models]]
+            name = "llama"
+            spec = "llama"
+
+            [[tasks]]
+            name = "recall_tiny"
+            scores = ["ahon"]
+
+            [[tasks]]
+            name = "recall_tiny"
+            design = "adaptive"
+            search = { tolerance = 0.05 }
+            """
+        )
+    )
+    out = tmp_path / "out"
+    try:
+        assert main(["study", str(tmp_path / "study.toml"), "--out", str(out)]) == 0
+        printed = capsys.readouterr().out
+        assert "2 searches (2 run now)" in printed
+        resume = ["study", str(tmp_path / "study.toml"), "--out", str(out), "--no-report"]
+        assert main(resume) == 0  # resumes: nothing to run
+        assert "0 evaluated now" in (printed := capsys.readouterr().out) and "2 searches (0 run now)" in printed
+        assert main(["study", str(tmp_path / "study.toml"), "--out", str(out), "--status"]) == 0
+        status = capsys.readouterr().out
+    finally:
+        _TASKS.pop("recall_tiny", None)
+    assert "searches stored" in status and "2/2" in status and "2 of 2 searches stored" in status
+    [searched] = [d for d in (out / "runs").iterdir() if list(RunDir(d).searches_path.glob("*.json"))]
+    found = load_searches(searched)
+    assert [s.score for s in found] == ["ahon", "random"] and {s.design.tolerance for s in found} == {0.05}
+    report = (out / "report" / "report.md").read_text()
+    assert "Crossing of each score function per model" in report and "Table 2:" in report  # both designs shown
+    rows = list(csv.DictReader(io.StringIO((out / "report" / "cells.csv").read_text())))
+    assert {r["row"] for r in rows} == {"cell", "crossing", "probe"}
+    assert sum(r["row"] == "cell" and r["score"] != "baseline" for r in rows) == 1  # the grid task's cell
