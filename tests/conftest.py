@@ -1,13 +1,17 @@
-"""Shared test fixtures: where the real benchmark data and the real pretrained model are, and loading them once.
+"""Shared test fixtures: the real benchmark data and the real pretrained model, and temporary registrations.
 
 Tests that need the real data take the ``data_dir`` fixture, which skips them (naming the missing folder) where
-``../shared/data`` is not beside the checkout. The real model (SmolLM2-135M-Instruct) travels as a PyPI package that
-``.ci/setup`` installs, so a missing package fails the test instead of skipping it. Tests that load a real model are
-marked ``slow``.
+neither ``$INACTIVE_HEADS_DATA`` nor ``../shared/data`` beside the checkout is there. The real model
+(SmolLM2-135M-Instruct) travels as a PyPI package that ``.ci/setup`` installs, so a missing package fails the test
+instead of skipping it. Tests that load a real model are marked ``slow``.
 """
 
 from __future__ import annotations
 
+import contextlib
+import os
+import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -17,15 +21,45 @@ from inactive_heads import InactiveHeadsError
 
 #: The repository root.
 ROOT = Path(__file__).resolve().parents[1]
-#: Real benchmark files (read-only), laid out as ``$INACTIVE_HEADS_DATA`` expects, in ``../shared`` beside the checkout.
-DATA = ROOT.parent / "shared" / "data"
+#: Real benchmark files (read-only) in the layout of ``$INACTIVE_HEADS_DATA``; by default ``../shared`` beside the
+#: checkout.
+DATA = Path(os.environ.get("INACTIVE_HEADS_DATA") or ROOT.parent / "shared" / "data")
+
+
+@contextlib.contextmanager
+def temporary_registrations() -> Iterator[None]:
+    """Score functions, tasks, executors and plugin files registered or loaded inside the block are forgotten after
+    it, and any registration they replaced is back."""
+    from inactive_heads.scores import _SCORE_FUNCTIONS
+    from inactive_heads.studies.executors import _EXECUTORS
+    from inactive_heads.tasks import _TASKS
+
+    registries: list[dict[str, Any]] = [_SCORE_FUNCTIONS, _TASKS, _EXECUTORS]
+    saved = [dict(r) for r in registries]
+    plugins = {m for m in sys.modules if m.startswith("inactive_heads_plugin_")}
+    try:
+        yield
+    finally:
+        for registry, before in zip(registries, saved, strict=True):
+            registry.clear()
+            registry.update(before)
+        # A plugin file left in sys.modules would not run (and register) again in a later test.
+        for m in [m for m in sys.modules if m.startswith("inactive_heads_plugin_") and m not in plugins]:
+            del sys.modules[m]
+
+
+@pytest.fixture
+def registrations() -> Iterator[None]:
+    """Undoes the test's registrations afterwards (:func:`temporary_registrations`)."""
+    with temporary_registrations():
+        yield
 
 
 @pytest.fixture(scope="session")
 def data_dir() -> Path:
     """The real benchmark data folder; skips the test where it is absent."""
     if not DATA.is_dir():
-        pytest.skip(f"real benchmark data not found: {DATA} (../shared/data beside the checkout)")
+        pytest.skip(f"real benchmark data not found: {DATA} (set $INACTIVE_HEADS_DATA or add ../shared/data)")
     return DATA
 
 
