@@ -176,7 +176,7 @@ def main() -> None:
         model_label = args.model_label or Path(args.model).name
     data = args.data_dir
 
-    from inactive_heads.evaluation.requests import _build, _max_length
+    from inactive_heads.evaluation.requests import token_sequences
 
     if args.tasks:
         import lm_eval.models.huggingface  # noqa: F401  (imported before the first timed lm-eval run)
@@ -195,7 +195,7 @@ def main() -> None:
             print(f"{label}: already measured, skipped", flush=True)
             continue
         evaluate(model, tok, task_obj, shots=shots, limit=8, batch_size=args.batch_size)  # warm-up, untimed
-        least = minimal_work(_build(task_obj, items, shots, tok, _max_length(model, tok), None, True))
+        least = minimal_work(token_sequences(model, tok, task_obj, items, shots))
         for lbs in args.lm_eval_batch_size or [args.batch_size]:
             # Ours and lm-eval alternate, so a drift in this shared machine's speed hits both sides alike.
             t_ours, t_ref = [], []

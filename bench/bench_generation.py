@@ -26,10 +26,10 @@ from pathlib import Path
 
 import torch
 from _results import RESULTS, update_table  # bench/ is the script's directory, first on sys.path
+from torch.nn.utils.rnn import pad_sequence
 
 import inactive_heads as ih
-from inactive_heads._tensors import pad_left
-from inactive_heads.evaluation.generative import _encode, _prompts
+from inactive_heads.evaluation.generative import prompt_tokens
 from inactive_heads.generation import MODES, generate_until
 from inactive_heads.report.tables import cascade_table
 from inactive_heads.runs.directory import load_run, slug
@@ -46,7 +46,7 @@ def _speed(model, tok, args: argparse.Namespace) -> list[list[str]]:
     task = get_task("gsm8k", args.data_dir)
     items = subset(task.items, args.speed_prompts, 0)
     config = ih.EvalConfig(limit=args.speed_prompts, data_dir=args.data_dir)
-    prompts = _encode(tok, _prompts(task, items, config.shots_for(task), config, tok))
+    prompts = prompt_tokens(task, items, config.shots_for(task), config, tok)
     spec = task.generation
     assert spec is not None
     pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
@@ -55,7 +55,9 @@ def _speed(model, tok, args: argparse.Namespace) -> list[list[str]]:
         new_tokens, start = 0, time.perf_counter()
         with torch.no_grad():
             for i in range(0, len(prompts), args.batch_size):
-                ids, mask, _ = pad_left(prompts[i : i + args.batch_size], pad_id=pad)
+                rows = [torch.tensor(p) for p in prompts[i : i + args.batch_size]]
+                ids = pad_sequence(rows, batch_first=True, padding_value=pad, padding_side="left")
+                mask = pad_sequence([torch.ones_like(r) for r in rows], batch_first=True, padding_side="left")
                 out = model.generate(
                     input_ids=ids, attention_mask=mask, max_new_tokens=budget, do_sample=False,
                     pad_token_id=pad, stop_strings=list(spec.until), tokenizer=tok,

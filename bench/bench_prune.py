@@ -23,9 +23,12 @@ from __future__ import annotations
 
 import argparse
 import copy
+import ctypes
+import ctypes.util
 import json
 import math
 import statistics
+import sys
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -188,10 +191,41 @@ def _speed_row(model: Any, other: Any, args: argparse.Namespace, base_is_ih: boo
         fn = _single_thread_cpu(lambda m=m: speed.prefill_seconds(m, 2048))
         if base_is_ih and name == "other":
             fn = _single_thread_cpu(_on_ih(m, lambda m=m: speed.prefill_seconds(m, 2048)))
-        growth = speed.peak_rss_growth(fn)
+        growth = peak_rss_growth(fn)
         peaks[name] = speed.parameter_bytes(m) + (growth or 0)
     row["peak_bytes"] = peaks
     return row
+
+
+def _rss_kib(field: str) -> int | None:
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith(field + ":"):
+                    return int(line.split()[1])
+    except OSError:
+        return None
+    return None
+
+
+def peak_rss_growth(fn: Any) -> int | None:
+    """Bytes by which the process's peak resident set exceeds its resident set before ``fn()`` ran (Linux only;
+    None elsewhere)."""
+    if not sys.platform.startswith("linux"):
+        return None
+    # Freed heap pages go back to the system first (glibc), so earlier work does not hide the peak.
+    getattr(ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6"), "malloc_trim", lambda _: None)(0)
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")  # resets VmHWM, the peak resident set, to the current one
+    except OSError:
+        return None
+    before = _rss_kib("VmRSS")
+    fn()
+    peak = _rss_kib("VmHWM")
+    if before is None or peak is None:
+        return None
+    return max(0, peak - before) * 1024
 
 
 def _size_row(model: Any, other: Any) -> dict[str, Any]:
