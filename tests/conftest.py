@@ -1,17 +1,20 @@
-"""Shared test fixtures: the real benchmark data and the real pretrained model, and temporary registrations.
+"""Shared test fixtures: the real benchmark data and the real pretrained model, temporary registrations, and the
+``--all`` option.
 
 Tests that need the real data take the ``data_dir`` fixture, which skips them (naming the missing folder) where
 neither ``$INACTIVE_HEADS_DATA`` nor ``../shared/data`` beside the checkout is there. The real model
 (SmolLM2-135M-Instruct) travels as a PyPI package that ``.ci/setup`` installs, so a missing package fails the test
-instead of skipping it. Tests that load a real model are marked ``slow``.
+instead of skipping it. Tests that load a real model are marked ``slow``, the large tiny-model grids ``grid``; both
+run only with ``--all``.
 """
 
 from __future__ import annotations
 
 import contextlib
+import itertools
 import os
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +27,36 @@ ROOT = Path(__file__).resolve().parents[1]
 #: Real benchmark files (read-only) in the layout of ``$INACTIVE_HEADS_DATA``; by default ``../shared`` beside the
 #: checkout.
 DATA = Path(os.environ.get("INACTIVE_HEADS_DATA") or ROOT.parent / "shared" / "data")
+#: Markers of the tests that run only with ``--all``.
+FULL_ONLY = ("slow", "grid")
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--all", action="store_true", help=f"also run the tests marked {' or '.join(FULL_ONLY)}")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if config.getoption("--all"):
+        return
+    kept, full_only = [], []
+    for item in items:
+        (full_only if any(item.get_closest_marker(m) for m in FULL_ONLY) else kept).append(item)
+    if full_only:
+        config.hook.pytest_deselected(items=full_only)
+        items[:] = kept
+
+
+def covering_grid(*axes: Sequence[Any]) -> list[Any]:
+    """The product of ``axes`` as parameter sets of one ``parametrize``, all but a covering subset marked ``grid``: the
+    default run takes the i-th value of every axis (cycling through the shorter ones), so each value runs once."""
+    n = max(len(axis) for axis in axes)
+    kept = {tuple(i % len(axis) for axis in axes) for i in range(n)}
+    return [
+        pytest.param(
+            *(axis[i] for axis, i in zip(axes, index, strict=True)), marks=() if index in kept else pytest.mark.grid
+        )
+        for index in itertools.product(*(range(len(axis)) for axis in axes))
+    ]
 
 
 @contextlib.contextmanager

@@ -8,6 +8,7 @@ import pytest
 import torch
 from _reference import RAW, reference_run, threshold_between_values
 from _tiny import ARCHS, tiny_model, tiny_tokenizer
+from conftest import covering_grid
 
 import inactive_heads as ih
 from inactive_heads import attention as attention_module
@@ -43,7 +44,9 @@ def test_token_id_inputs_equal_text_inputs(model, tokenizer):
         torch.testing.assert_close(from_ids[name], from_text[name], rtol=1e-5, atol=1e-6, msg=name)
 
 
-@pytest.mark.parametrize("score", ["ahon_ln", "awft", "fhon", "lthon_hn"])
+@pytest.mark.parametrize(
+    ("model", "score"), covering_grid(ARCHS, ["ahon_ln", "awft", "fhon", "lthon_hn"]), indirect=["model"]
+)
 def test_dynamic_zeroing_matches_reference(model, tokenizer, score):
     recorded = ih.record_scores(model, tokenizer, TEXTS)
     quantile = 0.7 if ih.SCORE_FUNCTIONS[score].inactive_when == "above" else 0.3
