@@ -7,15 +7,34 @@ the markers as they are. The file is replaced atomically, so an interrupted run 
 
 from __future__ import annotations
 
+import re
+import tempfile
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 from inactive_heads.atomic import atomic_write_text
 
-__all__ = ["RESULTS", "read_table", "update_table"]
+__all__ = ["RESULTS", "read_table", "results_file", "update_table"]
 
 #: The results file the bench scripts write.
 RESULTS = Path(__file__).with_name("RESULTS.md")
+
+
+def results_file(given: Path | None, quick: bool) -> Path:
+    """The file a run updates: ``given``; else RESULTS.md, or for a ``--quick`` run (whose numbers measure nothing)
+    a copy of it with empty tables in a new temporary folder."""
+    if given is not None:
+        return given
+    if not quick:
+        return RESULTS
+    text = RESULTS.read_text(encoding="utf-8")
+    for name in re.findall(r"<!-- (\S+):begin -->", text):
+        head, _, tail = _split(text, name)
+        text = f"{head}\n{tail}"
+    copy = Path(tempfile.mkdtemp(prefix="bench-quick-")) / RESULTS.name
+    copy.write_text(text, encoding="utf-8")
+    print(f"--quick: results go to {copy}", flush=True)
+    return copy
 
 
 def _markers(name: str) -> tuple[str, str]:

@@ -13,8 +13,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from inactive_heads.evaluation.requests import _positions, _Seq
-
 __all__ = ["Work", "minimal_work"]
 
 
@@ -71,17 +69,19 @@ class _Counting:
             h.remove()
 
 
-def minimal_work(seqs: list[_Seq]) -> Work:
-    """The least work an exact evaluator of ``seqs`` does: the nodes of the token trie of all sequences (each
-    distinct prefix once, wherever it is shared: an item's choices, a few-shot block, a common opening), the
-    distinct prefixes whose next-token log-probabilities are read, and causal attention over each node's depth."""
+def minimal_work(seqs: list[tuple[list[int], list[int]]]) -> Work:
+    """The least work an exact evaluator of ``seqs`` ((tokens, read positions), as
+    :func:`inactive_heads.evaluation.requests.token_sequences` gives them) does: the nodes of the token trie of all
+    sequences (each distinct prefix once, wherever it is shared: an item's choices, a few-shot block, a common
+    opening), the distinct prefixes whose next-token log-probabilities are read, and causal attention over each
+    node's depth."""
     root: dict[int, Any] = {}
     work = Work()
     read: set[int] = set()
-    for seq in seqs:
+    for tokens, positions in seqs:
         node = root
-        reads = set(_positions(seq))
-        for p, tok in enumerate(seq.tokens):
+        reads = set(positions)
+        for p, tok in enumerate(tokens):
             if tok not in node:
                 node[tok] = {}
                 work.tokens += 1

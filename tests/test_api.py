@@ -13,8 +13,8 @@ import torch
 import inactive_heads as ih
 from inactive_heads import _version
 from inactive_heads.runs import store
-from inactive_heads.scores import _SCORE_FUNCTIONS, LayerStats
-from inactive_heads.tasks import _TASKS, Item, Task
+from inactive_heads.scores import LayerStats
+from inactive_heads.tasks import Item, Task
 
 
 def _ahon(s: LayerStats) -> torch.Tensor:
@@ -34,15 +34,13 @@ def _other_task(data_dir: Path | None, source: str) -> Task:
 
 
 @pytest.fixture
-def score_name():
-    yield "api_test_score"
-    _SCORE_FUNCTIONS.pop("api_test_score", None)
+def score_name(registrations):
+    return "api_test_score"
 
 
 @pytest.fixture
-def task_name():
-    yield "api_test_task"
-    _TASKS.pop("api_test_task", None)
+def task_name(registrations):
+    return "api_test_task"
 
 
 def test_duplicate_score_raises_unless_override(score_name):

@@ -7,7 +7,6 @@ import io
 import json
 import re
 import shutil
-import sys
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -18,7 +17,7 @@ from _tiny import tiny_model, tiny_tokenizer
 import inactive_heads.evaluation as evaluation
 from inactive_heads import analysis
 from inactive_heads.cli import main
-from inactive_heads.scores import _SCORE_FUNCTIONS, SCORE_FUNCTIONS, HeadScores
+from inactive_heads.scores import SCORE_FUNCTIONS, HeadScores
 from inactive_heads.stats.bootstrap import bootstrap_wasserstein
 
 _RUN = ["--task", "recall", "--limit", "12", "--batch-size", "8"]
@@ -40,13 +39,6 @@ def model_dirs(tmp_path_factory):
         tiny_tokenizer().save_pretrained(d)
         dirs.append(str(d))
     return dirs
-
-
-@pytest.fixture
-def no_plugin_scores():
-    yield
-    _SCORE_FUNCTIONS.pop("ahon_sq", None)
-    sys.modules.pop("inactive_heads_plugin_my_scores", None)
 
 
 def _cells(run_dir: Path) -> list[dict]:
@@ -102,7 +94,7 @@ def test_sweep_stores_the_baseline_and_every_score_target_cell(swept):
 
 
 def test_plugin_score_runs_only_its_cells_from_the_recorded_calibration(
-    swept, model_dirs, tmp_path, monkeypatch, no_plugin_scores
+    swept, model_dirs, tmp_path, monkeypatch, registrations
 ):
     run = tmp_path / "run"
     shutil.copytree(swept.dir, run)

@@ -8,11 +8,11 @@ import pytest
 import torch
 from _reference import RAW, reference_run, threshold_between_values
 from _tiny import ARCHS, tiny_model, tiny_tokenizer
+from conftest import covering_grid
 
 import inactive_heads as ih
 from inactive_heads import attention as attention_module
 from inactive_heads import kernels
-from inactive_heads.scores import _SCORE_FUNCTIONS
 
 TEXTS = ["The quick brown fox jumps over the lazy dog.", "Hi", "In 1905, Einstein wrote four papers.", "a b a b a b"]
 
@@ -44,7 +44,9 @@ def test_token_id_inputs_equal_text_inputs(model, tokenizer):
         torch.testing.assert_close(from_ids[name], from_text[name], rtol=1e-5, atol=1e-6, msg=name)
 
 
-@pytest.mark.parametrize("score", ["ahon_ln", "awft", "fhon", "lthon_hn"])
+@pytest.mark.parametrize(
+    ("model", "score"), covering_grid(ARCHS, ["ahon_ln", "awft", "fhon", "lthon_hn"]), indirect=["model"]
+)
 def test_dynamic_zeroing_matches_reference(model, tokenizer, score):
     recorded = ih.record_scores(model, tokenizer, TEXTS)
     quantile = 0.7 if ih.SCORE_FUNCTIONS[score].inactive_when == "above" else 0.3
@@ -247,24 +249,21 @@ def test_kv_cache_generation_equals_full_recompute(tokenizer, arch):
     assert run.zeroed.all(0).equal(mask) and run.zeroed.any(0).equal(mask)
 
 
-def test_registered_score_is_recorded_and_drives_zeroing(tokenizer):
+def test_registered_score_is_recorded_and_drives_zeroing(tokenizer, registrations):
     model = tiny_model("llama")
 
     @ih.register_score("ahon_sq_test", label="AHON squared", needs={"ahon"})
     def ahon_sq(stats):
         return stats.ahon**2
 
-    try:
-        scores = ih.record_scores(model, tokenizer, TEXTS)
-        torch.testing.assert_close(scores["ahon_sq_test"], scores["ahon"] ** 2)
-        threshold = threshold_between_values(scores["ahon_sq_test"][0, 0], 0.5)
-        with torch.no_grad(), ih.zero_heads(model, score="ahon_sq_test", threshold=threshold) as run:
-            model(input_ids=torch.tensor([tokenizer(TEXTS[0])["input_ids"]]))
-        # layer 0 decides on the recorded scores; later layers see the intervention, so their scores move
-        assert torch.equal(run.zeroed[0, 0], scores["ahon_sq_test"][0, 0] < threshold)
-        assert run.zeroed[0, 0].any() and not run.zeroed[0, 0].all()
-    finally:
-        del _SCORE_FUNCTIONS["ahon_sq_test"]
+    scores = ih.record_scores(model, tokenizer, TEXTS)
+    torch.testing.assert_close(scores["ahon_sq_test"], scores["ahon"] ** 2)
+    threshold = threshold_between_values(scores["ahon_sq_test"][0, 0], 0.5)
+    with torch.no_grad(), ih.zero_heads(model, score="ahon_sq_test", threshold=threshold) as run:
+        model(input_ids=torch.tensor([tokenizer(TEXTS[0])["input_ids"]]))
+    # layer 0 decides on the recorded scores; later layers see the intervention, so their scores move
+    assert torch.equal(run.zeroed[0, 0], scores["ahon_sq_test"][0, 0] < threshold)
+    assert run.zeroed[0, 0].any() and not run.zeroed[0, 0].all()
     with pytest.raises(ValueError, match="unknown raw statistics"):
         ih.register_score("bad", needs={"nope"})
 
@@ -338,7 +337,7 @@ def test_position_bias_is_refused():
         _attention(torch.nn.Module(), q, q, q, None, position_bias=torch.zeros(1, 2, 3, 3))
 
 
-def test_watch_results_are_cached_until_the_next_forward(tokenizer):
+def test_watch_results_are_cached_until_the_next_forward(tokenizer, registrations):
     model = tiny_model("llama")
     ids = torch.tensor([tokenizer(TEXTS[0])["input_ids"]])
     with torch.no_grad(), ih.watch(model, ih.Policy(score="ahon_ln", threshold=1.0), record=True) as w:
@@ -357,7 +356,5 @@ def test_watch_results_are_cached_until_the_next_forward(tokenizer):
     def ahon_cube(stats):
         return stats.ahon**3
 
-    try:  # a score registered after a read is derived on the next read
-        torch.testing.assert_close(w.scores["ahon_cube_test"], last_scores["ahon"] ** 3)
-    finally:
-        del _SCORE_FUNCTIONS["ahon_cube_test"]
+    # a score registered after a read is derived on the next read
+    torch.testing.assert_close(w.scores["ahon_cube_test"], last_scores["ahon"] ** 3)

@@ -14,11 +14,8 @@ import inactive_heads as ih
 from inactive_heads.cli import main
 from inactive_heads.evaluation import evaluate
 from inactive_heads.loading import load_model
-from inactive_heads.scores import _SCORE_FUNCTIONS, HeadScores
+from inactive_heads.scores import HeadScores
 from inactive_heads.tasks import DataError, Item, Task, get_task
-
-DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
-needs_data = pytest.mark.skipif(not DATA.is_dir(), reason="../shared/data not present")
 
 
 def _piqa_dir(tmp_path: Path, rows: str, labels: str) -> Path:
@@ -40,12 +37,11 @@ def test_empty_benchmark_file_is_an_error_naming_it(tmp_path):
         get_task("piqa", data)
 
 
-@needs_data
-def test_empty_mmlu_subject_file_is_an_error_not_a_dropped_subject(tmp_path):
+def test_empty_mmlu_subject_file_is_an_error_not_a_dropped_subject(tmp_path, data_dir):
     mmlu = tmp_path / "mmlu"
     for split in ("dev", "val", "test"):
         (mmlu / split).mkdir(parents=True)
-        for f in (DATA / "mmlu" / split).iterdir():
+        for f in (data_dir / "mmlu" / split).iterdir():
             (mmlu / split / f.name).symlink_to(f)
     empty = mmlu / "test" / "anatomy_test.csv"
     empty.unlink()
@@ -168,9 +164,8 @@ def test_broken_plugin_is_one_line_naming_the_file(tmp_path, capsys, source, mes
 
 
 @pytest.fixture
-def bad_score():
-    yield "bad_score"
-    _SCORE_FUNCTIONS.pop("bad_score", None)
+def bad_score(registrations):
+    return "bad_score"
 
 
 @pytest.mark.parametrize(

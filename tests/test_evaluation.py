@@ -9,6 +9,7 @@ import random
 import pytest
 import torch
 from _tiny import tiny_model, tiny_tokenizer
+from conftest import covering_grid
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -124,9 +125,14 @@ def test_results_do_not_depend_on_batch_size(model, tok, task_fn):
     assert _close(whole.loglikelihoods, runs[0].loglikelihoods, 1e-4)
 
 
-@pytest.mark.parametrize("task_fn", [_mc_task, _shared_start_task, _mixed_length_task])
-@pytest.mark.parametrize("impl", ["sdpa", "eager"])
-@pytest.mark.parametrize("arch", ["llama", "qwen2", "olmo2", "phi3", "gpt2"])
+@pytest.mark.parametrize(
+    ("arch", "impl", "task_fn"),
+    covering_grid(
+        ["llama", "qwen2", "olmo2", "phi3", "gpt2"],
+        ["sdpa", "eager"],
+        [_mc_task, _shared_start_task, _mixed_length_task],
+    ),
+)
 def test_packed_item_contexts_match_whole_sequences(tok, arch, impl, task_fn):
     """0-shot: each item's context and the common start of its choices run once, the rest of every choice packed
     behind them under a tree mask (default on)."""

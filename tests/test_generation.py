@@ -9,6 +9,7 @@ import functools
 import pytest
 import torch
 from _tiny import ARCHS, padded_batch, tiny_model, tiny_tokenizer
+from conftest import covering_grid
 
 from inactive_heads import SCORE_FUNCTIONS, Policy, RunningStats, record_scores, thresholds_from_cdf, watch
 from inactive_heads._compat import cache_kwarg, output_cache
@@ -349,8 +350,11 @@ def test_running_mode_decides_on_the_running_scores(model, tok):
     assert not torch.equal(got.zeroed[prompt_rows:], step.zeroed[prompt_rows:])
 
 
-@pytest.mark.parametrize("mode", ["step", "recompute", "running", "prompt"])
-@pytest.mark.parametrize("policy", [POLICY, Policy(score="random", threshold=0.5, seed=1)], ids=["ahon_ln", "random"])
+@pytest.mark.parametrize(
+    ("policy", "mode"),
+    covering_grid([POLICY, Policy(score="random", threshold=0.5, seed=1)], ["step", "recompute", "running", "prompt"]),
+    ids=lambda v: v.score if isinstance(v, Policy) else None,
+)
 def test_rows_are_independent_of_batching(model, tok, mode, policy):
     ids = _ids(tok)
     kw = dict(until=["\x00"], max_gen_toks=6, policy=policy, mode=mode)

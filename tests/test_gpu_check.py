@@ -8,9 +8,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 BENCH = Path(__file__).resolve().parents[1] / "bench"
 
 
+@pytest.mark.slow
 def test_gpu_check_quick_runs_every_part_and_writes_its_table(tmp_path, data_dir):
     results = tmp_path / "RESULTS.md"
     shutil.copy(BENCH / "RESULTS.md", results)

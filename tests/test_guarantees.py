@@ -77,7 +77,6 @@ from _tiny import tiny_model, tiny_tokenizer  # noqa: E402
 
 import inactive_heads as ih  # noqa: E402
 from inactive_heads.runs.directory import load_run  # noqa: E402
-from inactive_heads.scores import _SCORE_FUNCTIONS  # noqa: E402
 from inactive_heads.tasks import Item, Task  # noqa: E402
 
 
@@ -111,9 +110,8 @@ def test_guarantee_rerun_with_another_answer_changing_option_is_refused(tmp_path
 
 
 @pytest.fixture
-def plugin_score():
-    yield "guarantee_score"
-    _SCORE_FUNCTIONS.pop("guarantee_score", None)
+def plugin_score(registrations):
+    return "guarantee_score"
 
 
 def test_guarantee_a_redefined_score_is_recomputed_not_reused(tmp_path, plugin_score):

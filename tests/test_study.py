@@ -24,6 +24,7 @@ from pathlib import Path
 import pytest
 import torch
 from _tiny import tiny_model, tiny_tokenizer
+from conftest import temporary_registrations
 
 import inactive_heads as ih
 from inactive_heads.cli import main
@@ -32,9 +33,7 @@ from inactive_heads.report.tables import run_bootstrap
 from inactive_heads.report.writer import write_study_report
 from inactive_heads.runs.directory import Cell, RunDir, load_run
 from inactive_heads.runs.jobs import plan_cells
-from inactive_heads.scores import _SCORE_FUNCTIONS
 from inactive_heads.studies.executors import LocalExecutor, RayExecutor
-from inactive_heads.tasks import _TASKS
 
 _PLUGIN = """
 import dataclasses
@@ -59,10 +58,8 @@ def workspace(tmp_path_factory):
         tiny_model(arch, seed=seed).save_pretrained(root / arch)
         tiny_tokenizer().save_pretrained(root / arch)
     (root / "plugin.py").write_text(_PLUGIN)
-    yield root
-    _SCORE_FUNCTIONS.pop("ahon_sq", None)
-    _TASKS.pop("recall_short", None)
-    sys.modules.pop("inactive_heads_plugin_plugin", None)
+    with temporary_registrations():
+        yield root
 
 
 def _study_file(root: Path, name: str = "tiny", *, targets: str = "[0.25]", limit: int = 6, extra: str = "") -> Path:
@@ -389,7 +386,7 @@ def test_report_only_skips_malformed_and_truncated_cells_naming_each(local_run, 
     assert "llama (recall (0-shot, 6 items; calibrated on the evaluated items): 1 of 3 cells)" in md
 
 
-def test_an_executor_is_one_registered_class(local_run, workspace, tmp_path):
+def test_an_executor_is_one_registered_class(local_run, workspace, tmp_path, registrations):
     @ih.register_executor
     class ModelsInReverse(LocalExecutor):
         name = "reverse-test"
@@ -397,16 +394,11 @@ def test_an_executor_is_one_registered_class(local_run, workspace, tmp_path):
         def run(self, groups, on_result):
             super().run(list(reversed(groups)), on_result)
 
-    try:
-        assert ih.EXECUTORS["reverse-test"] is ModelsInReverse
-        with pytest.raises(ValueError, match="already registered"):
-            ih.register_executor(ModelsInReverse)
-        result = ih.study(_study_file(workspace), tmp_path, executor="reverse-test", progress=False)
-        assert _cells(result.out) == _cells(local_run.out)
-    finally:
-        from inactive_heads.studies.executors import _EXECUTORS
-
-        _EXECUTORS.pop("reverse-test", None)
+    assert ih.EXECUTORS["reverse-test"] is ModelsInReverse
+    with pytest.raises(ValueError, match="already registered"):
+        ih.register_executor(ModelsInReverse)
+    result = ih.study(_study_file(workspace), tmp_path, executor="reverse-test", progress=False)
+    assert _cells(result.out) == _cells(local_run.out)
     with pytest.raises(ValueError, match="unknown executor 'nope'"):
         ih.study(_study_file(workspace), tmp_path, executor="nope", progress=False)
     with pytest.raises(ValueError, match="takes no address"):

@@ -8,17 +8,18 @@ from hypothesis import strategies as st
 
 from inactive_heads.scores import HeadScores
 from inactive_heads.stats.bootstrap import resample_counts
-from inactive_heads.stats.thresholds import (
-    DEFAULT_TARGETS,
-    fraction_passing,
-    resampled_thresholds,
-    thresholds_for,
-    thresholds_from_cdf,
-)
+from inactive_heads.stats.thresholds import DEFAULT_TARGETS, resampled_thresholds, thresholds_for, thresholds_from_cdf
 
 _f32 = st.floats(min_value=-1e6, max_value=1e6, allow_nan=False, width=32)
 _targets = st.lists(st.floats(min_value=0.0, max_value=1.0), min_size=1, max_size=8)
 _side = st.sampled_from(["below", "above"])
+
+
+def fraction_passing(scores: torch.Tensor | np.ndarray, side: str, threshold: float) -> float:
+    """Fraction of the pooled ``scores`` that pass ``threshold`` (strict, compared in float32 like the engine)."""
+    values = (scores.numpy() if isinstance(scores, torch.Tensor) else np.asarray(scores)).astype(np.float32).ravel()
+    t = np.float32(threshold)
+    return float((values < t if side == "below" else values > t).mean())
 
 
 def _achievable(values: np.ndarray, side: str) -> list[int]:

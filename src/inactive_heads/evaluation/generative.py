@@ -27,7 +27,7 @@ from .metrics import _zeroed_fractions
 from .requests import _chat_fn, _encode
 from .result import EvalResult, _provenance, _timing
 
-__all__: list[str] = []
+__all__ = ["prompt_tokens"]
 
 
 def _extract(text: str, ex: Extraction) -> str:
@@ -49,6 +49,12 @@ def _exact_match(prediction: str, reference: str, spec: Generation) -> float:
     if spec.ignore_case:
         prediction, reference = prediction.lower(), reference.lower()
     return float(prediction == reference)
+
+
+def prompt_tokens(task: Task, items: list[Item], shots: int, config: EvalConfig, tokenizer: Any) -> list[list[int]]:
+    """Token ids of the prompts a generative evaluation of ``items`` feeds the model, built and tokenised as lm-eval
+    does: the few-shot context ending in each item's context (before any cut to the model's context length)."""
+    return _encode(tokenizer, _prompts(task, items, shots, config, tokenizer))
 
 
 def _prompts(task: Task, items: list[Item], shots: int, config: EvalConfig, tokenizer: Any) -> list[str]:
@@ -88,12 +94,12 @@ def _evaluate_generative(
     spec = task.generation
     assert spec is not None
     max_gen = config.max_gen_toks or spec.max_gen_toks
-    texts = _prompts(task, items, shots, config, tokenizer)
+    prompts = prompt_tokens(task, items, shots, config, tokenizer)
     # lm-eval truncates the context from the left to leave room for the generated tokens.
     room = _compat.max_length(model, tokenizer) - max_gen
     if room <= 0:
         raise InactiveHeadsError(f"max_gen_toks={max_gen} leaves no room for a prompt in the model's context")
-    prompts = [p[-room:] for p in _encode(tokenizer, texts)]
+    prompts = [p[-room:] for p in prompts]
     t_build = time.perf_counter()
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (tokenizer.eos_token_id or 0)
     scores = None

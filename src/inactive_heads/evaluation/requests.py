@@ -13,9 +13,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from transformers import PreTrainedModel
+
+from .. import _compat
 from ..errors import InactiveHeadsError
 from ..tasks import FEWSHOT_SEED, Item, Task, subset
 from .config import EvalConfig
+
+__all__ = ["check_request", "token_sequences"]
 
 
 @dataclass
@@ -114,6 +119,15 @@ def _positions(seq: _Seq) -> list[int]:
         return [n - 1]
     c = len(seq.conts[0])
     return list(range(n - c, n))
+
+
+def token_sequences(
+    model: PreTrainedModel, tokenizer: Any, task: Task, items: list[Item], shots: int
+) -> list[tuple[list[int], list[int]]]:
+    """The token sequences an evaluation of ``items`` (without a chat template) runs, each with the positions whose
+    next-token log-probabilities it reads: the work any exact evaluator of the same requests must do."""
+    seqs = _build(task, items, shots, tokenizer, _compat.max_length(model, tokenizer), None, True)
+    return [(s.tokens, _positions(s)) for s in seqs]
 
 
 def _chat_fn(tokenizer: Any) -> Callable[[list[dict[str, str]]], str]:

@@ -1,4 +1,4 @@
-"""What running a model costs, measured: parameters, prefill and decode time, KV-cache bytes, peak memory.
+"""What running a model costs, measured: parameters, prefill and decode time, KV-cache bytes.
 
 Every measurement runs batch-1 inputs of random token ids (speed does not depend on the text). Prefill is one
 forward over ``length`` tokens that fills a KV cache and computes the logits of the last position, as generation's
@@ -12,7 +12,6 @@ the work done rather than the share of the machine this process got.
 from __future__ import annotations
 
 import statistics
-import sys
 import time
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -21,14 +20,12 @@ import torch
 from transformers import PreTrainedModel
 
 from .. import _compat
-from .._memory import release_freed_memory
 
 __all__ = [
     "decode_seconds",
     "interleaved",
     "kv_cache_bytes",
     "parameter_bytes",
-    "peak_rss_growth",
     "prefill_seconds",
 ]
 
@@ -107,36 +104,6 @@ def decode_seconds(
         model(input_ids=token, **kwargs)
         times.append(clock() - start)
     return statistics.median(times)
-
-
-def _rss_kib(field: str) -> int | None:
-    try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith(field + ":"):
-                    return int(line.split()[1])
-    except OSError:
-        return None
-    return None
-
-
-def peak_rss_growth(fn: Callable[[], object]) -> int | None:
-    """Bytes by which the process's peak resident set exceeds its resident set before ``fn()`` ran (Linux only;
-    None elsewhere). Freed heap pages are returned to the system first, so earlier work does not hide the peak."""
-    if not sys.platform.startswith("linux"):
-        return None
-    release_freed_memory()
-    try:
-        with open("/proc/self/clear_refs", "w") as f:
-            f.write("5")  # resets VmHWM, the peak resident set, to the current one
-    except OSError:
-        return None
-    before = _rss_kib("VmRSS")
-    fn()
-    peak = _rss_kib("VmHWM")
-    if before is None or peak is None:
-        return None
-    return max(0, peak - before) * 1024
 
 
 def interleaved(

@@ -29,7 +29,7 @@ import torch
 
 from ..errors import InactiveHeadsError
 
-__all__ = ["DEFAULT_TARGETS", "fraction_passing", "resampled_thresholds", "thresholds_for", "thresholds_from_cdf"]
+__all__ = ["DEFAULT_TARGETS", "resampled_thresholds", "thresholds_for", "thresholds_from_cdf"]
 
 #: Target fractions of heads to zero: 0 %, 5 %, ..., 30 %.
 DEFAULT_TARGETS: tuple[float, ...] = (0.0, 0.05, 0.10, 0.15, 0.20, 0.25, 0.30)
@@ -150,14 +150,6 @@ def resampled_thresholds(
             else:
                 out[k, j] = upper[0]
     return out * float(sign)
-
-
-def fraction_passing(scores: torch.Tensor | np.ndarray, inactive_when: str, threshold: float) -> float:
-    """Fraction of the pooled ``scores`` that pass ``threshold`` (strict, compared in float32 like the engine)."""
-    values = _as_float32(scores)
-    t = np.float32(threshold)
-    passed = values < t if inactive_when == "below" else values > t
-    return float(passed.mean()) if values.size else 0.0
 
 
 def thresholds_for(
