@@ -43,7 +43,8 @@ class Work:
 
 class _Counting:
     def __init__(self, work: Work, model: Any):
-        self.work, self.model, self.handles = work, model, []
+        self.work, self.model = work, model
+        self.handles: list[Any] = []
 
     def _forward(self, _module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         ids = kwargs["input_ids"] if "input_ids" in kwargs else args[0]

@@ -260,8 +260,8 @@ def main() -> None:
     for task, shots, limit in runs:
         ours_file, ref_file = args.out / f"ours_{task}_{shots}_lls.json", args.out / f"lm_eval_{task}_{shots}_lls.json"
         # Cells left empty (the other half of a --skip-lm-eval / --lm-eval-only pair) keep their values in RESULTS.
-        row = dict.fromkeys(ACCURACY_HEADER, "")
-        row.update({"model": model_label, "run": f"{task} {shots}-shot, {'stratified' if limit else 'full'}"})
+        cells = dict.fromkeys(ACCURACY_HEADER, "")
+        cells.update({"model": model_label, "run": f"{task} {shots}-shot, {'stratified' if limit else 'full'}"})
         if args.lm_eval_only:
             ids = [x.id for x in subset(get_task(task, data).items, limit or None)]
             ours_lls = _load_lls(ours_file)
@@ -269,8 +269,8 @@ def main() -> None:
             ours = evaluate(model, tok, task, shots=shots, limit=limit, data_dir=data, batch_size=args.batch_size)
             ids, ours_lls = ours.item_ids, _lls(ours)
             ours_file.write_text(json.dumps(ours_lls), encoding="utf-8")
-            row.update({"ours bs": str(args.batch_size), "ours s": f"{ours.timing['total_s']:.0f}"})
-            row.update({"ours acc": _metric(ours.metrics, "acc"), "ours acc_norm": _metric(ours.metrics, "acc_norm")})
+            cells.update({"ours bs": str(args.batch_size), "ours s": f"{ours.timing['total_s']:.0f}"})
+            cells.update({"ours acc": _metric(ours.metrics, "acc"), "ours acc_norm": _metric(ours.metrics, "acc_norm")})
         if args.skip_lm_eval:
             ref_lls = _load_lls(ref_file)
         else:
@@ -278,12 +278,12 @@ def main() -> None:
             ref = run_lm_eval(model, tok, task, ids, out, data=data, shots=shots, batch_size=acc_lbs)
             ref_lls = ref["loglikelihoods"]
             ref_file.write_text(json.dumps(ref_lls), encoding="utf-8")
-            row.update({"lm-eval bs": str(acc_lbs), "lm-eval s": f"{ref['wall_s']:.0f}"})
-            row.update({f"lm-eval {m}": _metric(ref["metrics"], m) for m in ("acc", "acc_norm")})
-        row["items"] = str(len(ids))
-        row["max abs Δll"] = _max_delta({i: ours_lls[i] for i in ids if i in ours_lls}, ref_lls)
-        print(" | ".join(row.values()), flush=True)
-        update_table("bench_eval_accuracy", ACCURACY_HEADER, [list(row.values())], key=3, path=args.results)
+            cells.update({"lm-eval bs": str(acc_lbs), "lm-eval s": f"{ref['wall_s']:.0f}"})
+            cells.update({f"lm-eval {m}": _metric(ref["metrics"], m) for m in ("acc", "acc_norm")})
+        cells["items"] = str(len(ids))
+        cells["max abs Δll"] = _max_delta({i: ours_lls[i] for i in ids if i in ours_lls}, ref_lls)
+        print(" | ".join(cells.values()), flush=True)
+        update_table("bench_eval_accuracy", ACCURACY_HEADER, [list(cells.values())], key=3, path=args.results)
 
 
 if __name__ == "__main__":

@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import time
 from pathlib import Path
+from typing import Literal
 
 import torch
 from _results import RESULTS, update_table  # bench/ is the script's directory, first on sys.path
@@ -36,7 +37,7 @@ from torch.nn.utils.rnn import pad_sequence
 
 import inactive_heads as ih
 from inactive_heads.evaluation.generative import prompt_tokens
-from inactive_heads.generation import MODES, NAIVE_RECOMPUTE, Generated, generate_until
+from inactive_heads.generation import MODES, NAIVE_RECOMPUTE, Generated, Mode, generate_until
 from inactive_heads.report.tables import cascade_table
 from inactive_heads.runs.directory import load_run, slug
 from inactive_heads.tasks import get_task, subset
@@ -80,7 +81,7 @@ class _SpeedPrompts:
         side = ih.SCORE_FUNCTIONS[score].inactive_when
         return ih.Policy(score=score, threshold=ih.thresholds_from_cdf(self.scores[score], side, [target])[0])
 
-    def generate(self, budget: int, policy: ih.Policy | None, mode: str) -> Generated:
+    def generate(self, budget: int, policy: ih.Policy | None, mode: Mode | Literal["naive-recompute"]) -> Generated:
         return generate_until(
             self.model, self.tok, self.prompts, until=self.spec.until, max_gen_toks=budget,
             batch_size=self.batch_size, policy=policy, mode=mode,
@@ -96,7 +97,8 @@ def _speed(runs: _SpeedPrompts, args: argparse.Namespace) -> list[list[str]]:
     n = str(len(runs.prompts))
     hf_rate = runs.hf_generate(budget)  # the baseline of every row
     rows = [[label, "transformers generate (KV cache)", n, str(budget), f"{hf_rate:.1f}", "1.00x"]]
-    for name, pol, mode in [("no policy", None, "step")] + [(f"{m}, {target}", policy, m) for m in MODES]:
+    cases: list[tuple[str, ih.Policy | None, Mode]] = [("no policy", None, "step")]
+    for name, pol, mode in cases + [(f"{m}, {target}", policy, m) for m in MODES]:
         got = runs.generate(budget, pol, mode)
         rows.append([label, f"inactive-heads: {name}", n, str(budget), f"{got.tokens_per_s:.1f}",
                      f"{got.tokens_per_s / hf_rate:.2f}x"])  # fmt: skip
@@ -118,7 +120,7 @@ def _recompute_speed(runs: _SpeedPrompts, args: argparse.Namespace) -> list[list
             cached = runs.generate(budget, policy, "recompute")
             running = runs.generate(budget, policy, "running")
             same = "" if naive is None else ("yes" if cached.tokens == naive.tokens else "NO")
-            measured = [
+            measured: list[tuple[str, float, float | None, str]] = [
                 ("transformers generate (KV cache)", hf_rate, None, ""),
                 ("running", running.tokens_per_s, None, ""),
             ]

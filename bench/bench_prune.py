@@ -71,6 +71,11 @@ class State:
         atomic_write_json(self.path, self.rows)
         print(key, json.dumps(row)[:300], flush=True)
 
+    def all(self, keys: Mapping[str, str]) -> dict[str, Any] | None:
+        """The row of each of ``keys``' values, by its key; None if one is missing."""
+        found = {k: self.rows.get(key) for k, key in keys.items()}
+        return None if any(row is None for row in found.values()) else found
+
 
 def frontier_figure(panels: Sequence[tuple[str, float, Sequence[Mapping[str, Any]]]]) -> Any:
     """Accuracy against measured speed-up of statically pruned models, one panel per ``(title, baseline accuracy,
@@ -335,8 +340,8 @@ def write(state: State, args: argparse.Namespace) -> None:
                  _ratio(row["kv_bytes_per_token"]), _ratio([row["peak_bytes"]["base"], row["peak_bytes"]["other"]]),
                  *(_x(row[k]) for k in ("prefill_512", "prefill_2048", "decode_2048", "decode_8192"))]
             )  # fmt: skip
-        base = {t: state.rows.get(f"{name}/acc/{t}/base") for t in TASKS}
-        if any(b is None for b in base.values()):
+        base = state.all({t: f"{name}/acc/{t}/base" for t in TASKS})
+        if base is None:
             continue
         points: dict[str, list[dict[str, Any]]] = {t: [] for t in TASKS}
         acc_rows.append([label, "none", "0%", "1.000", "1.000", "1.00x",
@@ -344,8 +349,8 @@ def write(state: State, args: argparse.Namespace) -> None:
         for score in args.scores:
             for f in args.fractions:
                 mask = state.rows.get(f"{name}/mask/{score}/{f}")
-                accs = {t: state.rows.get(f"{name}/acc/{t}/{score}/{f}") for t in TASKS}
-                if mask is None or any(a is None for a in accs.values()):
+                accs = state.all({t: f"{name}/acc/{t}/{score}/{f}" for t in TASKS})
+                if mask is None or accs is None:
                     continue
                 cells = []
                 for t in TASKS:

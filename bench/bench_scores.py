@@ -173,7 +173,9 @@ def zeroing_threshold(model, ids: torch.Tensor) -> float:
     # 10% of heads on this input pass: a realistic zeroing load.
     with torch.no_grad(), ih.watch(model, record=True) as w:
         model(input_ids=ids[:, :256], use_cache=False)
-    return float(w.scores["ahon_ln"].quantile(0.1))
+    scores = w.scores
+    assert scores is not None  # record=True
+    return float(scores["ahon_ln"].quantile(0.1))
 
 
 def main() -> None:

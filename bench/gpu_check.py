@@ -136,6 +136,8 @@ def check_model(cfg: Config, label: str, model: Any, tokenizer: Any, texts: list
         native = dev_model(**batch, use_cache=False).logits.double().cpu()
         with ih.watch(dev_model, policy) as run:
             logits = dev_model(**batch, use_cache=False).logits.double().cpu()
+    zeroed = run.zeroed
+    assert zeroed is not None  # a policy was given
     agree, err, floor = 0, 0.0, 0.0
     for row, text in enumerate(texts):
         n = lengths[row]
@@ -143,7 +145,7 @@ def check_model(cfg: Config, label: str, model: Any, tokenizer: Any, texts: list
             _, plain_ref, _ = reference_run(ref_model, tokenizer, text)
             floor = max(floor, _logit_error(native[row, :n], plain_ref))
         _, ref_logits, ref_zeroed = reference_run(ref_model, tokenizer, text, policy=("ahon_ln", threshold))
-        if torch.equal(run.zeroed[row], ref_zeroed):
+        if torch.equal(zeroed[row], ref_zeroed):
             agree += 1
             err = max(err, _logit_error(logits[row, :n], ref_logits))
     fraction = f"{run.fraction_zeroed:.0%} zeroed"
@@ -172,16 +174,19 @@ def _split(model: Any, devices: tuple[str, str]) -> Any:
 
 def check_split(cfg: Config) -> Iterator[Row]:
     tokenizer = tiny_tokenizer()
-    one = tiny_model("llama").to(cfg.device)
+    # transformers wraps Module.to with functools.wraps, whose type (typeshed's _Wrapped) does not bind self.
+    one = tiny_model("llama").to(cfg.device)  # type: ignore[arg-type]
     devices = (str(cfg.device), "cpu")
     split = _split(tiny_model("llama"), devices)
     policy = ih.Policy(score="aeqd_ln", threshold=1.0)
-    results = []
+    results: list[tuple[ih.HeadScores, torch.Tensor, torch.Tensor]] = []
     for model in (one, split):
         batch, _ = _batch(tokenizer, TEXTS, model.get_input_embeddings().weight.device)
         with torch.no_grad(), ih.watch(model, policy, record=True) as run:
             logits = model(**batch, use_cache=False).logits.cpu()
-        results.append((run.scores, run.zeroed, logits))
+        scores, zeroed = run.scores, run.zeroed
+        assert scores is not None and zeroed is not None  # record=True, a policy
+        results.append((scores, zeroed, logits))
     (s1, z1, l1), (s2, z2, l2) = results
     worst = _worst(
         {n: s2[n] for n in ("awft", "aeqd", "ahon", "fhon")},

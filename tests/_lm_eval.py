@@ -81,7 +81,13 @@ def _dump(path: Path, rows: list[dict[str, Any]]) -> str:
 def _local_task(out: Path, name: str, include: Path, files: dict[str, str], **overrides: Any) -> None:
     """Task YAML ``name``: lm-eval's own ``include`` with its dataset swapped for the local JSON ``files`` (split ->
     path); JSON is valid YAML, and lm-eval loads it with its own YAML loader."""
-    cfg = {"include": str(include), "task": name, "tag": [], "dataset_path": "json", "dataset_name": None}
+    cfg: dict[str, Any] = {
+        "include": str(include),
+        "task": name,
+        "tag": [],
+        "dataset_path": "json",
+        "dataset_name": None,
+    }
     cfg["dataset_kwargs"] = {"data_files": files}
     (out / f"{name}.yaml").write_text(json.dumps({**cfg, **overrides}, indent=1), encoding="utf-8")
 
@@ -126,7 +132,8 @@ def write_lm_eval_tasks(
     in that task's doc order (the logged doc_id i is the i-th id), and lm-eval's ``samples`` (the doc ids to
     evaluate per task; None: every doc written).
     """
-    tasks_dir, cache = lm_eval_tasks_dir(), {}
+    tasks_dir = lm_eval_tasks_dir()
+    cache: dict[Path, list[str]] = {}
     out.mkdir(parents=True, exist_ok=True)
     names: dict[str, list[str]] = {}
     samples: dict[str, list[int]] = {}
@@ -190,8 +197,8 @@ def write_lm_eval_tasks(
         _local_task(out, "local_gsm8k", tasks_dir / "gsm8k" / "gsm8k.yaml", files, **overrides)
         names["local_gsm8k"] = list(item_ids)
     elif task in ("winogrande", "hellaswag", "boolq"):
-        every, row = _pool_rows(task, data)
-        file, ids, picked = _pool_split(item_ids, every, row, shots, out / f"{task}.jsonl")
+        every, pool_row = _pool_rows(task, data)
+        file, ids, picked = _pool_split(item_ids, every, pool_row, shots, out / f"{task}.jsonl")
         include = {
             "winogrande": tasks_dir / "winogrande" / "default.yaml",
             "hellaswag": tasks_dir / "hellaswag" / "hellaswag.yaml",
@@ -289,7 +296,9 @@ def run_lm_eval_generate(
     """Run a generative lm-eval task on exactly ``item_ids``: per item the generated text and each metric."""
     names, samples = write_lm_eval_tasks(task, item_ids, out, data, shots, max_gen_toks)
     res = _simple_evaluate(*_hflm_and_tasks(model, tokenizer, batch_size, out), names, samples, shots)
-    texts, prompts, metrics = {}, {}, {}
+    texts: dict[str, str] = {}
+    prompts: dict[str, str] = {}
+    metrics: dict[str, dict[str, float]] = {}
     for name, ids in names.items():
         for s in res["samples"][name]:
             # One sample per (doc, filter); the text and prompt are the doc's.

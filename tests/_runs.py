@@ -3,7 +3,7 @@ and its cell store, so a fixture holds exactly what a sweep would have stored.""
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -20,7 +20,7 @@ def make_cell(
     accuracy: float | None = None,
     fraction_zeroed: float = 0.0,
     shape: tuple[int, int] = (2, 2),
-    correct: Sequence[bool] | None = None,
+    correct: Collection[bool] | None = None,
     ids: Sequence[str] | None = None,
     **fields: Any,
 ) -> Cell:
@@ -31,7 +31,7 @@ def make_cell(
     per-item answers (gold 0, pred 0 when right, else 1) and, unless given, the accuracy.
     """
     n_layers, n_heads = shape
-    per_item = None
+    per_item: dict[str, Any] | None = None
     if correct is not None:
         pred = [0 if c else 1 for c in correct]
         names = list(ids) if ids is not None else [f"q{i}" for i in range(len(pred))]

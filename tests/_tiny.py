@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 import transformers
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
@@ -10,7 +12,8 @@ from transformers import PreTrainedTokenizerFast
 VOCAB = 260
 ARCHS = ("llama", "qwen2", "olmo2", "gemma3", "gemma2", "mistral", "phi3", "gpt2")
 
-_COMMON = dict(
+# Any values: the config classes take each keyword with its own type.
+_COMMON: dict[str, Any] = dict(
     vocab_size=VOCAB,
     hidden_size=32,
     intermediate_size=48,

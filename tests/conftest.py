@@ -38,7 +38,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     if config.getoption("--all"):
         return
-    kept, full_only = [], []
+    kept: list[pytest.Item] = []
+    full_only: list[pytest.Item] = []
     for item in items:
         (full_only if any(item.get_closest_marker(m) for m in FULL_ONLY) else kept).append(item)
     if full_only:

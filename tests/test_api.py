@@ -18,10 +18,12 @@ from inactive_heads.tasks import Item, Task
 
 
 def _ahon(s: LayerStats) -> torch.Tensor:
+    assert s.ahon is not None
     return s.ahon
 
 
 def _ahon_doubled(s: LayerStats) -> torch.Tensor:
+    assert s.ahon is not None
     return 2 * s.ahon
 
 

@@ -127,7 +127,7 @@ def _pava(values: list[float], weights: list[float]) -> list[float]:
             i = max(i - 1, 0)
         else:
             i += 1
-    return [v for v, _, n in blocks for _ in range(n)]
+    return [v for v, _, n in blocks for _ in range(int(n))]
 
 
 @settings(max_examples=60, deadline=None)

@@ -34,7 +34,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any, Literal
+from typing import Any, Final, Literal
 
 import torch
 from transformers import PreTrainedModel
@@ -47,12 +47,12 @@ from .errors import InactiveHeadsError
 __all__ = ["MODES", "Generated", "cascade", "generate_until"]
 
 #: Zeroing modes during generation (see the module docstring).
-MODES = ("recompute", "step", "running", "prompt")
-
 Mode = Literal["recompute", "step", "running", "prompt"]
+MODES: tuple[Mode, ...] = ("recompute", "step", "running", "prompt")
+
 #: ``recompute`` as the paper states it, without a cache: every step re-runs the whole sequence (quadratic). The
 #: reference that ``recompute`` equals, for tests and benchmarks; not a mode of an evaluation.
-NAIVE_RECOMPUTE = "naive-recompute"
+NAIVE_RECOMPUTE: Final = "naive-recompute"
 # Statistics of keys, not of the new query: a cached step over a sliding window sees fewer keys than a whole pass.
 _KEY_STATS = frozenset({"awft", "ftvvn", "avvn"})
 
