@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-from _results import RESULTS, update_table  # bench/ is the script's directory, first on sys.path
+from _results import results_file, update_table  # bench/ is the script's directory, first on sys.path
 
 from inactive_heads.stats.crossing import Answer, CrossingResult, grid_crossing, search_crossing
 
@@ -176,10 +176,11 @@ def _rows(outcomes: dict[tuple[str, str], list[Outcome]]) -> list[list[str]]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--curves", type=int, default=1200, help="synthetic curves, spread evenly over the shapes")
-    parser.add_argument("--quick", action="store_true", help="60 curves, printed only (RESULTS.md untouched)")
-    parser.add_argument("--results", type=Path, default=RESULTS)
+    parser.add_argument("--quick", action="store_true", help="12 curves, into a temporary copy of RESULTS.md")
+    parser.add_argument("--results", type=Path, default=None, help="default: bench/RESULTS.md")
     args = parser.parse_args()
-    curves = 60 if args.quick else args.curves
+    args.results = results_file(args.results, args.quick)
+    curves = 12 if args.quick else args.curves
     outcomes: dict[tuple[str, str], list[Outcome]] = {}
     t0 = time.process_time()
     for i in range(curves):
@@ -192,8 +193,7 @@ def main() -> None:
     for row in rows:
         print(" | ".join(row))
     print(f"{curves} curves, {time.process_time() - t0:.0f} s CPU")
-    if not args.quick:
-        update_table("bench_crossing", HEADER, rows, key=2, path=args.results)
+    update_table("bench_crossing", HEADER, rows, key=2, path=args.results)
 
 
 if __name__ == "__main__":

@@ -17,7 +17,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from _results import RESULTS, update_table  # bench/ is the script's directory, first on sys.path
+from _results import results_file, update_table  # bench/ is the script's directory, first on sys.path
 
 _HELP = "import sys\nfrom inactive_heads.cli import main\ntry:\n    main(['--help'])\nexcept SystemExit:\n    pass"
 COMMANDS = {
@@ -39,9 +39,10 @@ def child_cpu_seconds(code: str) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--repeats", type=int, default=7)
-    parser.add_argument("--quick", action="store_true", help="one repeat each (a smoke run)")
-    parser.add_argument("--results", type=Path, default=RESULTS)
+    parser.add_argument("--quick", action="store_true", help="one repeat each, into a temporary copy of RESULTS.md")
+    parser.add_argument("--results", type=Path, default=None, help="default: bench/RESULTS.md")
     args = parser.parse_args()
+    args.results = results_file(args.results, args.quick)
     repeats = 1 if args.quick else args.repeats
     seconds: dict[str, list[float]] = {name: [] for name in COMMANDS}
     for _ in range(repeats):  # alternating, so a change in machine load hits every command alike
