@@ -464,6 +464,7 @@ def _describe(pids: list[int]) -> list[str]:
 NUL = b"\0"
 
 
+@pytest.mark.slow
 @pytest.mark.ray
 @pytest.mark.skipif(not Path("/proc").is_dir(), reason="finds Ray's worker processes through /proc")
 def test_killed_ray_worker_loses_only_its_cell_in_flight(local_run, workspace, tmp_path):
@@ -491,6 +492,7 @@ def test_killed_ray_worker_loses_only_its_cell_in_flight(local_run, workspace, t
     assert again.computed == again.calibrated == 0 and again.reused == _CELLS
 
 
+@pytest.mark.slow
 @pytest.mark.ray
 def test_killed_driver_resumes_without_recomputing_a_finished_cell(workspace, tmp_path):
     pytest.importorskip("ray", reason="the ray executor needs Ray: .ci/setup installs the ray extra")
