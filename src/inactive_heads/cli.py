@@ -150,37 +150,19 @@ def _cmd_calibrate(args: argparse.Namespace) -> None:
 
 
 def _run_sweep(args: argparse.Namespace, model: Any, tok: Any, run_dir: Path) -> list[Any]:
+    from .runs.adaptive import search
     from .runs.jobs import sweep
 
+    common = {
+        "scores": args.scores,
+        "calibration_task": args.calibration_task,
+        "calibration_limit": args.calibration_limit,
+        "calibration_items": args.calibration_items,
+        "model_name": args.name,
+    }
     if getattr(args, "search", None) is not None:
-        from .runs.adaptive import search
-
-        return search(
-            model,
-            tok,
-            args.task,
-            run_dir,
-            _eval_config(args),
-            scores=args.scores,
-            design=args.search,
-            calibration_task=args.calibration_task,
-            calibration_limit=args.calibration_limit,
-            calibration_items=args.calibration_items,
-            model_name=args.name,
-        )
-    return sweep(
-        model,
-        tok,
-        args.task,
-        run_dir,
-        _eval_config(args),
-        scores=args.scores,
-        targets=args.targets,
-        calibration_task=args.calibration_task,
-        calibration_limit=args.calibration_limit,
-        calibration_items=args.calibration_items,
-        model_name=args.name,
-    )
+        return search(model, tok, args.task, run_dir, _eval_config(args), design=args.search, **common)
+    return sweep(model, tok, args.task, run_dir, _eval_config(args), targets=args.targets, **common)
 
 
 def _print_table2(run_dir: Path) -> None:
