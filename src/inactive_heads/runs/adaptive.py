@@ -48,9 +48,8 @@ from ..tasks import Task, pinned
 from .directory import Cell, RunDir, is_number, run_digest
 from .jobs import (
     CalibrationItems,
-    calibrate,
+    calibrated_run,
     compute_cell,
-    load_task,
     open_run,
     plan_cells,
     planned_thresholds,
@@ -493,20 +492,10 @@ def search(
     design = SearchDesign() if design is None else design
     config = EvalConfig.from_options(config, **options)
     names = score_names(scores)
-    task_obj = load_task(task, config)
-    config = config.replace(shots=config.shots_for(task_obj))
-    calibrate(
-        model,
-        tokenizer,
-        task_obj,
-        run_dir,
-        config,
-        calibration_task=calibration_task,
-        calibration_limit=calibration_limit,
-        calibration_items=calibration_items,
-        model_name=model_name,
-        progress=progress,
-    )
+    task_obj, config = calibrated_run(
+        model, tokenizer, task, run_dir, config, calibration_task, calibration_limit, calibration_items, model_name,
+        progress,
+    )  # fmt: skip
     bar = None
     if progress:
         from tqdm.auto import tqdm

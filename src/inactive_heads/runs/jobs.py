@@ -314,6 +314,37 @@ def compute_cell(
     return True
 
 
+def calibrated_run(
+    model: PreTrainedModel,
+    tokenizer: Any,
+    task: str | Task,
+    run_dir: str | Path,
+    config: EvalConfig,
+    calibration_task: str | Task | None,
+    calibration_limit: int | None,
+    calibration_items: CalibrationItems,
+    model_name: str | None,
+    progress: bool | Callable[[int], Any],
+) -> tuple[Task, EvalConfig]:
+    """The loaded task and ``config`` with its shots resolved, once :func:`calibrate` has calibrated ``run_dir``
+    (or found its calibration): what a sweep and a search both start from."""
+    task_obj = load_task(task, config)
+    config = config.replace(shots=config.shots_for(task_obj))
+    calibrate(
+        model,
+        tokenizer,
+        task_obj,
+        run_dir,
+        config,
+        calibration_task=calibration_task,
+        calibration_limit=calibration_limit,
+        calibration_items=calibration_items,
+        model_name=model_name,
+        progress=progress,
+    )
+    return task_obj, config
+
+
 def sweep(
     model: PreTrainedModel,
     tokenizer: Any,
@@ -344,20 +375,10 @@ def sweep(
     config = EvalConfig.from_options(config, **options)
     names = score_names(scores)
     ps = check_targets(targets)  # before calibrate writes anything
-    task_obj = load_task(task, config)
-    config = config.replace(shots=config.shots_for(task_obj))
-    calibrate(
-        model,
-        tokenizer,
-        task_obj,
-        run_dir,
-        config,
-        calibration_task=calibration_task,
-        calibration_limit=calibration_limit,
-        calibration_items=calibration_items,
-        model_name=model_name,
-        progress=progress,
-    )
+    task_obj, config = calibrated_run(
+        model, tokenizer, task, run_dir, config, calibration_task, calibration_limit, calibration_items, model_name,
+        progress,
+    )  # fmt: skip
     cells = plan_cells(run_dir, scores=names, targets=ps)
     store = RunDir(run_dir).cell_store()
     bar = None
