@@ -126,8 +126,12 @@ class Study:
     def run_name(self, model: StudyModel, task: StudyTask) -> str:
         """The run directory name of (model, task): readable, plus a digest of every setting that changes the run
         (cells are keyed by their own content; this keeps runs that may not share a directory apart)."""
-        # A grid task leaves out the design keys, so runs named before searches existed keep their names.
-        unnamed = ("models", "design", "search") if task.search is None else ("models",)
+        # A grid task leaves out the design keys, so runs named before searches existed keep their names. A searched
+        # task leaves out its design, targets and score functions too: searches are keyed by their own design and
+        # score, so the designs searching one (model, task, calibration) share its calibration, baseline and blocks.
+        unnamed = ("models", "design", "search")
+        if task.search is not None:
+            unnamed += ("scores", "targets")
         settings = {
             "model": {k: v for k, v in dataclasses.asdict(model).items() if k not in ("device_map", "resources")},
             "task": {k: v for k, v in dataclasses.asdict(task).items() if k not in unnamed},

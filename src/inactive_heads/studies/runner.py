@@ -241,7 +241,8 @@ class _Plan:
         # Cells (an upper bound until every run is planned) and searches.
         self.total = spec.max_cells + sum(spec.searches(t) for _, t in spec.runs())
         self.keys: dict[Path, list[str]] = {}
-        self.computed = self.reused = self.calibrated = self.searched = 0
+        self.computed = self.reused = self.searched = 0
+        self.calibrated: set[Path] = set()  # run directories (designs searching one run share it)
 
     def planned(self, task: StudyTask, run_dir: Path) -> list[PlannedCell] | None:
         """The cells of a run of ``task``; None while they cannot be planned (not calibrated, or its calibration
@@ -415,7 +416,7 @@ def study(
         if isinstance(job, _Calibrate) and job.scores_only:
             return []
         if isinstance(job, _Calibrate):
-            plan.calibrated += 1
+            plan.calibrated.add(job.run.dir)
             reused = plan.reused
             follow = plan.cells(job.run)
             if bar is not None:
@@ -452,7 +453,9 @@ def study(
             cells = None if r.dir in plan.keys else plan.planned(r.task, r.dir)
             if cells is not None:
                 plan.keys[r.dir] = [c.key for c in cells]
-        shown = [r for r in runs if r.dir in plan.keys and RunDir(r.dir).cell_store().has(plan.keys[r.dir][0])]
+        # Designs searching one (model, task, calibration) share its directory: it is shown once.
+        stored = {r.dir: r for r in runs if r.dir in plan.keys and RunDir(r.dir).cell_store().has(plan.keys[r.dir][0])}
+        shown = list(stored.values())
         if shown:
             _, report_path = write_study_report(
                 [(r.dir, plan.keys[r.dir]) for r in shown],
@@ -471,7 +474,7 @@ def study(
         cells=sum(len(k) for k in plan.keys.values()),
         computed=plan.computed,
         reused=plan.reused,
-        calibrated=plan.calibrated,
+        calibrated=len(plan.calibrated),
         report=report_path,
         no_report=no_report,
         seconds=time.perf_counter() - t0,

@@ -56,7 +56,9 @@ def _hub_items(subset: str, split: str) -> list[Item]:
     )
 
 
-def _load(subset: str, name: str, data_dir: Path | None, source: str) -> Task:
+def _load(subset: str, name: str, data_dir: Path | None, source: str, split: str = "test") -> Task:
+    """``split`` ``"test"`` (lm-eval's task) or ``"dev"``: the dev items as the evaluated ones (a held-out calibration
+    for a study that evaluates the whole test split; few-shot examples still come from dev)."""
     if source == "hub":
         items, dev = _hub_items(subset, "test"), _hub_items(subset, "validation")
         sources = [f"hub:allenai/ai2_arc/{subset}"]
@@ -68,17 +70,21 @@ def _load(subset: str, name: str, data_dir: Path | None, source: str) -> Task:
         sources = [str(test), str(devp)]
     return Task(
         name=name,
-        items=items,
+        items=dev if split == "dev" else items,
         metrics=("acc", "acc_norm"),
         default_shots=0,
         fewshot={"": dev},
-        split="test",
+        fewshot_excludes_item=split == "dev",
+        split="validation" if split == "dev" else "test",
         fewshot_split="validation (train unavailable)",
         sources=sources,
     )
 
 
 register_task("arc_easy", summary="ARC-Easy test, acc/acc_norm")(partial(_load, "ARC-Easy", "arc_easy"))
+register_task("arc_easy_dev", summary="ARC-Easy dev (a calibration split beside the test)")(
+    partial(_load, "ARC-Easy", "arc_easy_dev", split="dev")
+)
 register_task("arc_challenge", summary="ARC-Challenge test, acc/acc_norm")(
     partial(_load, "ARC-Challenge", "arc_challenge")
 )
