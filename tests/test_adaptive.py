@@ -18,10 +18,17 @@ import inactive_heads as ih
 import inactive_heads.evaluation as evaluation
 from inactive_heads.cli import main
 from inactive_heads.report.writer import write_report
-from inactive_heads.runs.adaptive import Search, SearchDesign, load_searches, search_score
+from inactive_heads.runs.adaptive import (
+    Search,
+    SearchDesign,
+    compare_searches,
+    load_searches,
+    search_score,
+    stored_probes,
+)
 from inactive_heads.runs.directory import RunDir
 from inactive_heads.scores import _SCORE_FUNCTIONS
-from inactive_heads.stats.crossing import format_crossing
+from inactive_heads.stats.crossing import fit_crossing, format_crossing
 from inactive_heads.studies.file import StudyFileError, parse_study
 from inactive_heads.tasks import _TASKS, pinned
 from inactive_heads.tasks.recall import recall_task
@@ -97,6 +104,23 @@ def test_search_resumes_after_a_kill_and_replays(run, monkeypatch):
         again = search_score(model, tok, task, run_dir, "ahon", _DESIGN, batch_size=8)
     assert calls == [] and again.to_json() == found.to_json()
     assert load_searches(run_dir) == [found]
+
+
+def test_stored_probes_are_what_the_search_fitted_and_pairs_are_compared(run, tmp_path):
+    model, tok, task, run_dir = run
+    found = [search_score(model, tok, task, run_dir, s, _DESIGN, batch_size=8) for s in ("ahon", "awft")]
+    probes = stored_probes(run_dir, found)
+    for s in found:
+        assert [(p.target, p.items.size, p.mean) for p in probes[s.score]] == [
+            (p.target, p.items, p.mean) for p in s.probes
+        ]
+        # The search's bootstrap is seeded with the run's seed + 1.
+        assert fit_crossing(probes[s.score], tolerance=_DESIGN.tolerance, seed=1) == s.crossing
+    [pair] = compare_searches(run_dir, found)
+    assert {pair.a, pair.b} == {"ahon", "awft"} and pair.p_holm == pair.p  # one pair: Holm changes nothing
+    assert pair.significant == (pair.p <= 0.05 and pair.stable)
+    md, _ = write_report([run_dir], tmp_path / "report")
+    assert "Holm's step-down correction over the" in md.read_text()
 
 
 def test_censored_and_not_applicable_in_the_report(run, tmp_path):
@@ -205,6 +229,13 @@ def test_adaptive_study_end_to_end(tmp_path, capsys):
             name = "recall_tiny"
             design = "adaptive"
             search = { tolerance = 0.05 }
+
+            # The same run searched on a fixed grid: it shares the adaptive task's run directory.
+            [[tasks]]
+            name = "recall_tiny"
+            design = "sequential-grid"
+            scores = ["ahon"]
+            search = { tolerance = 0.05 }
             """
         )
     )
@@ -212,18 +243,24 @@ def test_adaptive_study_end_to_end(tmp_path, capsys):
     try:
         assert main(["study", str(tmp_path / "study.toml"), "--out", str(out)]) == 0
         printed = capsys.readouterr().out
-        assert "2 searches (2 run now)" in printed
+        assert "2 searches (2 run now)" not in printed and "3 searches (3 run now)" in printed
+        assert "of 2 runs" in printed and "2 calibrations" in printed
         resume = ["study", str(tmp_path / "study.toml"), "--out", str(out), "--no-report"]
         assert main(resume) == 0  # resumes: nothing to run
-        assert "0 evaluated now" in (printed := capsys.readouterr().out) and "2 searches (0 run now)" in printed
+        assert "0 evaluated now" in (printed := capsys.readouterr().out) and "3 searches (0 run now)" in printed
         assert main(["study", str(tmp_path / "study.toml"), "--out", str(out), "--status"]) == 0
         status = capsys.readouterr().out
     finally:
         _TASKS.pop("recall_tiny", None)
-    assert "searches stored" in status and "2/2" in status and "2 of 2 searches stored" in status
+    assert "searches stored" in status and "2/2" in status and "3 of 3 searches stored" in status
     [searched] = [d for d in (out / "runs").iterdir() if list(RunDir(d).searches_path.glob("*.json"))]
     found = load_searches(searched)
-    assert [s.score for s in found] == ["ahon", "random"] and {s.design.tolerance for s in found} == {0.05}
+    assert [(s.design.kind, s.score) for s in found] == [
+        ("adaptive", "ahon"),
+        ("adaptive", "random"),
+        ("sequential grid", "ahon"),
+    ]
+    assert {s.design.tolerance for s in found} == {0.05}
     report = (out / "report" / "report.md").read_text()
     assert "Crossing of each score function per model" in report and "Table 2:" in report  # both designs shown
     rows = list(csv.DictReader(io.StringIO((out / "report" / "cells.csv").read_text())))

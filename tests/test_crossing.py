@@ -12,13 +12,16 @@ from hypothesis import strategies as st
 
 from inactive_heads.stats.crossing import (
     Answer,
+    Comparison,
     Crossing,
     CrossingResult,
     Probe,
+    compare_crossings,
     confidence_sequence,
     fit_crossing,
     format_crossing,
     grid_crossing,
+    holm,
     item_order,
     search_crossing,
 )
@@ -335,3 +338,76 @@ def test_replaying_stored_answers_resumes_after_a_kill():
     assert len(computed) == len(set(computed)) == sum(len(p.looks) for p in whole.probes)  # no block twice
     # A pure replay, nothing new to evaluate, gives the same again.
     assert _same(search_crossing(caching(len(computed)), base, seed=1), whole)
+
+
+# --- comparisons between score functions ---------------------------------------------------------------------------
+
+
+def _slow_holm(p: list[float]) -> list[float]:
+    """Holm's adjusted p by its definition: the largest (m - k + 1) p_(k) over the ranks up to the pair's, capped."""
+    m = len(p)
+    ranked = sorted(p)
+    out = []
+    for v in p:
+        rank = ranked.index(v)  # ties: the first rank of the value, whose adjusted p the others share
+        out.append(min(1.0, max((m - k) * ranked[k] for k in range(rank + 1))))
+    return out
+
+
+@given(st.lists(st.floats(0, 1), min_size=1, max_size=12))
+def test_holm_matches_its_definition(p: list[float]) -> None:
+    got = holm(p)
+    assert got == pytest.approx(_slow_holm(p))
+    assert all(a >= b for a, b in zip(got, p, strict=True))
+
+
+def _grid(mu: Callable[[float], float], seed: int, targets: tuple[float, ...]) -> tuple[Probe, ...]:
+    evaluate, base = _curve(mu, n=2000, seed=seed)
+    return grid_crossing(evaluate, base, targets, seed=0).probes
+
+
+_TARGETS = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6)
+
+
+def test_comparison_finds_a_clear_difference_and_none_between_equal_curves() -> None:
+    # Items are shared (the same baseline and item order): a steep drop at 45% against one at 12%.
+    late, early = _grid(_power(0.45, 8), 1, _TARGETS), _grid(_power(0.12, 8), 1, _TARGETS)
+    found = compare_crossings({"early": early, "late": late, "same": late}, n_resamples=500)
+    by_pair = {frozenset((c.a, c.b)): c for c in found}
+    clear = by_pair[frozenset(("early", "late"))]
+    assert (clear.a, clear.b, clear.significant) == ("late", "early", True)
+    assert clear.difference == pytest.approx(0.33, abs=0.1)
+    assert clear.p_holm <= 3 * clear.p and clear.stable
+    equal = by_pair[frozenset(("late", "same"))]  # identical probes: never above each other
+    assert (equal.share, equal.p, equal.significant) == (0.0, 1.0, False)
+
+
+def test_comparison_leaves_out_functions_that_zero_nothing_and_orders_censored_ones() -> None:
+    nothing = tuple(Probe(t, 0.0, p.items, p.difference, p.looks, p.decision, p.stop) for t, p in
+                    zip(_TARGETS, _grid(lambda x: 0.0, 2, _TARGETS), strict=True))  # fmt: skip
+    flat = _grid(lambda x: 0.0, 2, _TARGETS)  # censored above 60%
+    early = _grid(_power(0.12, 8), 2, _TARGETS)
+    found = compare_crossings({"nothing": nothing, "flat": flat, "early": early}, n_resamples=300)
+    assert [(c.a, c.b) for c in found] == [("flat", "early")]
+    assert found[0].significant and math.isnan(found[0].difference)  # only the order is known
+    assert compare_crossings({"nothing": nothing, "flat": flat}) == []
+
+
+def test_comparison_draws_more_resamples_near_the_cut() -> None:
+    a, b = _grid(_power(0.30, 3), 3, _TARGETS), _grid(_power(0.29, 3), 3, _TARGETS)
+    first = compare_crossings({"a": a, "b": b}, n_resamples=200, max_resamples=200)[0]
+    assert first.resamples == 200
+    # At an alpha equal to its p, the verdict is a coin flip of the seed: more resamples, then no claim.
+    near = compare_crossings({"a": a, "b": b}, n_resamples=200, max_resamples=1000, alpha=first.p_holm)[0]
+    assert near.resamples == 1000 and not near.stable and not near.significant
+    assert isinstance(near, Comparison) and near.mc_se < first.mc_se
+
+
+def test_comparison_verdicts_hold_across_seeds() -> None:
+    late, early = _grid(_power(0.45, 8), 4, _TARGETS), _grid(_power(0.12, 8), 4, _TARGETS)
+    mid = _grid(_power(0.40, 8), 4, _TARGETS)
+    probes = {"early": early, "late": late, "mid": mid}
+    verdicts = {
+        tuple((c.a, c.b, c.significant) for c in compare_crossings(probes, seed=s, n_resamples=300)) for s in range(4)
+    }
+    assert len(verdicts) == 1

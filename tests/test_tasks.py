@@ -37,6 +37,7 @@ def test_registry_names_and_unknown_task():
         ("piqa", 1838),
         ("winogrande", 1267),
         ("arc_easy", 2376),
+        ("arc_easy_dev", 570),
         ("arc_challenge", 1172),
         ("boolq", 3270),
         ("hellaswag", 10042),
@@ -83,6 +84,17 @@ def test_piqa_arc_boolq_prompts(data_dir):
     assert it.continuations == ("no", "yes")
     assert it.contexts[0].endswith("\nQuestion: does ethanol take more energy make that produces?\nAnswer:")
     assert Counter(x.gold for x in boolq.items) == {1: 2033, 0: 1237}
+
+
+def test_arc_easy_dev_is_a_held_out_split(data_dir):
+    """The dev split as the evaluated items (a calibration beside the whole test split): disjoint from the test,
+    prompted alike, and a few-shot example is never the item itself."""
+    test, dev = get_task("arc_easy", data_dir), get_task("arc_easy_dev", data_dir)
+    assert not {it.id for it in test.items} & {it.id for it in dev.items}
+    assert [it.id for it in dev.items] == [it.id for it in test.fewshot[""]]
+    assert dev.requests(dev.items[0], [])[0][0].startswith("Question: ") and dev.split == "validation"
+    rnd = random.Random(0)
+    assert all(dev.items[i].id not in {x.id for x in dev.fewshot_examples(dev.items[i], 5, rnd)} for i in range(50))
 
 
 def test_winogrande_matches_lm_eval_preprocessing(data_dir):

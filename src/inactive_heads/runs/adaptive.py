@@ -38,9 +38,14 @@ from ..stats.crossing import (
     DEFAULT_MAX_FRACTION,
     DEFAULT_TOLERANCE,
     Answer,
+    Comparison,
     Crossing,
     CrossingResult,
+    Decision,
     Look,
+    Probe,
+    ProbeStop,
+    compare_crossings,
     grid_crossing,
     search_crossing,
 )
@@ -64,10 +69,12 @@ __all__ = [
     "ProbeRecord",
     "Search",
     "SearchDesign",
+    "compare_searches",
     "load_searches",
     "search",
     "search_key",
     "search_score",
+    "stored_probes",
 ]
 
 
@@ -220,8 +227,8 @@ class ProbeRecord:
     items: int
     accuracy: float
     mean: float
-    decision: str
-    stop: str
+    decision: Decision
+    stop: ProbeStop
     looks: tuple[Look, ...]
     seconds: float
 
@@ -525,3 +532,57 @@ def load_searches(run_dir: str | Path, keys: Sequence[str] | None = None) -> lis
     found = [Search.from_json(store.get(k)) for k in wanted]
     order = {name: i for i, name in enumerate(SCORE_FUNCTIONS)}
     return sorted((s for s in found if s.run == digest), key=lambda s: (s.design.kind, order.get(s.score, -1), s.score))
+
+
+def _probes(
+    rd: RunDir, search: Search, blocks: list[Block], index: dict[str, int], base: npt.NDArray[np.int8]
+) -> list[Probe]:
+    """The probes of ``search`` with their per-item answers, read back from the run's stored blocks (item indices
+    are positions in ``index``, the baseline cell's items)."""
+    size = search.design.block_size
+    by_key = {(b.score, b.threshold, b.block, len(b.ids)): b for b in blocks}
+    out = []
+    for p in search.probes:
+        ids: list[str] = []
+        correct: list[bool] = []
+        for k in range(math.ceil(p.items / size)):
+            block = by_key.get((search.score, p.threshold, k, min(size, search.n_items - k * size)))
+            if block is None:
+                raise InactiveHeadsError(
+                    f"{rd.root}: block {k} of {search.score} at threshold {p.threshold} is missing"
+                )
+            ids += block.ids
+            correct += block.correct
+        items = np.array([index[i] for i in ids[: p.items]], dtype=np.int64)
+        difference = np.asarray(correct[: p.items], dtype=np.int8) - base[items]
+        out.append(Probe(p.target, p.fraction, items, difference, p.looks, p.decision, p.stop))
+    return out
+
+
+def stored_probes(run_dir: str | Path, searches: Sequence[Search]) -> dict[str, list[Probe]]:
+    """The probes of each of ``searches`` (of one run) with their per-item answers, read back from the run's stored
+    blocks and baseline cell: what the search fitted. Item indices are positions among the baseline cell's items."""
+    rd = RunDir(run_dir)
+    if not searches:
+        return {}
+    cell = plan_cells(rd.root, scores=[searches[0].score], targets=[])[0]
+    baseline = Cell.from_json(rd.cell_store().get(cell.key))
+    if baseline.per_item is None:
+        raise InactiveHeadsError(f"{rd.root}: its baseline cell holds no per-item answers")
+    index = {item: i for i, item in enumerate(baseline.per_item["ids"])}
+    base = np.asarray(baseline.correct(), dtype=np.int8)
+    digest = run_digest(rd.read_run())
+    blocks = [b for _, b in _block_store(rd).load(Block.from_json) if b.run == digest]
+    return {s.score: _probes(rd, s, blocks, index, base) for s in searches}
+
+
+def compare_searches(run_dir: str | Path, searches: Sequence[Search], *, seed: int = 0) -> list[Comparison]:
+    """Every pair of ``searches`` (of one run and one design) tested with
+    :func:`~inactive_heads.stats.crossing.compare_crossings` on the per-item answers stored in the run: one paired
+    bootstrap over the items, Holm's correction over the pairs; functions that zero no head are left out."""
+    if len({s.design for s in searches}) > 1:
+        raise ValueError("compare searches of one design at a time")
+    if not searches:
+        return []
+    probes = stored_probes(run_dir, searches)
+    return compare_crossings(probes, tolerance=searches[0].design.tolerance, seed=seed)

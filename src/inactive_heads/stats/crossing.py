@@ -49,6 +49,14 @@ first probe is at ``max_fraction``: it tells censored curves and functions that 
 search stops after ``max_probes``, when the next median is a target already probed (converged to the
 resolution), or when the first probe zeroes no head.
 
+**Comparisons** (:func:`compare_crossings`). "Function A tolerates more zeroing than B" is tested on the paired
+bootstrap: each resample reweights the items of every function at once and refits each crossing; the pair's p is
+twice the share of resamples that do not put A's crossing above B's (a censored crossing is above only crossings
+below its bound, so two censored functions are never ordered). Holm's step-down correction (Holm 1979) runs over
+every pair of the functions compared; those that zero no head are left out. The Monte-Carlo error of each p is
+reported, and more resamples are drawn while an adjusted p lies within 3 such errors of alpha; one still that close
+is no claim either way.
+
 **Resume.** The search is a deterministic function of the callback's answers: the ``k``-th call for a target
 asks for block ``k`` of the order (``item_order(n, seed)`` split in ``block_size`` items), so a caller that stores
 each answer under ``(target, k)`` and replays stored answers before evaluating anything new gets the same probes,
@@ -59,7 +67,7 @@ they serve as keys.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -71,6 +79,7 @@ __all__ = [
     "DEFAULT_MAX_FRACTION",
     "DEFAULT_TOLERANCE",
     "Answer",
+    "Comparison",
     "Crossing",
     "CrossingResult",
     "Decision",
@@ -80,10 +89,12 @@ __all__ = [
     "ProbeStop",
     "SearchStop",
     "State",
+    "compare_crossings",
     "confidence_sequence",
     "fit_crossing",
     "format_crossing",
     "grid_crossing",
+    "holm",
     "item_order",
     "search_crossing",
 ]
@@ -379,26 +390,12 @@ def fit_crossing(
     if tolerance <= 0:
         raise ValueError(f"tolerance must be positive, got {tolerance}")
     used = [p for p in probes if p.items.size]
-    if not any(p.fraction > 0 for p in used):
+    if not _applicable(used):
         nan = math.nan
         return Crossing("not_applicable", nan, nan, nan, False, level, tolerance)
-    fractions, column = np.unique(np.array([p.fraction for p in used]), return_inverse=True)
     ids = np.unique(np.concatenate([p.items for p in used]))
-    diff = np.zeros((ids.size, fractions.size))
-    member = np.zeros((ids.size, fractions.size))
-    for p, j in zip(used, column, strict=True):
-        at = np.searchsorted(ids, p.items)
-        np.add.at(diff[:, j], at, p.difference)
-        np.add.at(member[:, j], at, 1.0)
-    rng = np.random.default_rng(seed)
-    draws = rng.integers(0, ids.size, size=(n_resamples, ids.size))
-    counts = np.bincount((draws + ids.size * np.arange(n_resamples)[:, None]).ravel(), minlength=n_resamples * ids.size)
-    weights = np.vstack([np.ones(ids.size), counts.reshape(n_resamples, ids.size)])  # row 0: the sample itself
-    sums, size = weights @ diff, weights @ member
-    empty = size == 0
-    fit = _isotonic_decreasing(np.where(empty, 0.0, sums), np.where(empty, _EMPTY_WEIGHT, size))
-    theta, last_within, first_below = _crossings(fractions, fit, tolerance)
-    bound = float(fractions[-1])
+    weights = np.vstack([np.ones(ids.size), _resample_counts(np.random.default_rng(seed), n_resamples, ids.size)])
+    theta, last_within, first_below, bound = _fit_rows(used, ids, weights, tolerance)
     tail = (1 - level) / 2
     low = float(np.percentile(last_within[1:], 100 * tail, method="lower"))
     high = float(np.percentile(np.minimum(first_below[1:], bound), 100 * (1 - tail), method="higher"))
@@ -409,6 +406,131 @@ def fit_crossing(
     return Crossing(
         "estimated", float(theta[0]), low, bound if high_censored else high, high_censored, level, tolerance
     )
+
+
+def _applicable(probes: Sequence[Probe]) -> bool:
+    """Whether some probe read items and zeroed a head (else the function has no crossing: not applicable)."""
+    return any(p.fraction > 0 and p.items.size for p in probes)
+
+
+def _resample_counts(rng: np.random.Generator, n_resamples: int, n: int) -> npt.NDArray[np.float64]:
+    """[n_resamples, n]: how often each of ``n`` items is drawn by each bootstrap resample of ``n`` items."""
+    draws = rng.integers(0, n, size=(n_resamples, n))
+    counts = np.bincount((draws + n * np.arange(n_resamples)[:, None]).ravel(), minlength=n_resamples * n)
+    return counts.reshape(n_resamples, n).astype(np.float64)
+
+
+def _fit_rows(
+    probes: Sequence[Probe], ids: npt.NDArray[np.int64], weights: npt.NDArray[np.float64], tolerance: float
+) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.float64], npt.NDArray[np.float64], float]:
+    """Per row of item ``weights`` (over ``ids``, a superset of the items the probes read): the fitted crossing
+    (``inf``: censored), its bracket (:func:`_crossings`), and the largest fraction probed (the censoring bound)."""
+    used = [p for p in probes if p.items.size]
+    fractions, column = np.unique(np.array([p.fraction for p in used]), return_inverse=True)
+    diff = np.zeros((ids.size, fractions.size))
+    member = np.zeros((ids.size, fractions.size))
+    for p, j in zip(used, column, strict=True):
+        at = np.searchsorted(ids, p.items)
+        np.add.at(diff[:, j], at, p.difference)
+        np.add.at(member[:, j], at, 1.0)
+    sums, size = weights @ diff, weights @ member
+    empty = size == 0
+    fit = _isotonic_decreasing(np.where(empty, 0.0, sums), np.where(empty, _EMPTY_WEIGHT, size))
+    theta, last_within, first_below = _crossings(fractions, fit, tolerance)
+    return theta, last_within, first_below, float(fractions[-1])
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """Whether score function ``a`` tolerates more zeroing than ``b`` (``a`` is the one most resamples favour).
+
+    ``difference``: the crossings' difference ``a - b`` (fractions of heads; NaN when either is censored: only
+    the order is known). ``share``: the resamples in which ``a``'s crossing lies above ``b``'s (a censored one
+    counts as above only a crossing below its bound). ``p``: ``2 (1 - share)``, capped at 1; ``p_holm``: Holm's
+    adjusted p over every pair of the family; ``mc_se``: the Monte-Carlo standard error of ``p`` at
+    ``resamples``. ``stable``: ``p_holm`` is more than 3 Monte-Carlo errors from ``alpha`` (else the verdict could
+    flip with the seed, and no claim is made). ``significant``: ``p_holm <= alpha`` and stable."""
+
+    a: str
+    b: str
+    difference: float
+    share: float
+    p: float
+    p_holm: float
+    mc_se: float
+    resamples: int
+    stable: bool
+    significant: bool
+
+
+def holm(p_values: Sequence[float]) -> list[float]:
+    """Holm's step-down adjusted p-values (Holm 1979), in the order given: the ``k``-th smallest times
+    ``m - k + 1``, made non-decreasing, capped at 1."""
+    m = len(p_values)
+    order = sorted(range(m), key=lambda i: p_values[i])
+    adjusted = [0.0] * m
+    running = 0.0
+    for rank, i in enumerate(order):
+        running = max(running, min(1.0, (m - rank) * p_values[i]))
+        adjusted[i] = running
+    return adjusted
+
+
+def compare_crossings(
+    probes: Mapping[str, Sequence[Probe]],
+    *,
+    tolerance: float = DEFAULT_TOLERANCE,
+    alpha: float = DEFAULT_ALPHA,
+    n_resamples: int = DEFAULT_RESAMPLES,
+    max_resamples: int = 20 * DEFAULT_RESAMPLES,
+    seed: int = 0,
+) -> list[Comparison]:
+    """Every pair of the score functions in ``probes`` (their probes on one run's items, item indices shared) that
+    have a crossing, tested with one paired bootstrap over items and Holm's correction over the pairs.
+
+    Each resample reweights the items of every function at once (the functions read the same items, so their
+    crossings are compared on the same draw) and refits each crossing as :func:`fit_crossing` does. The pair's p
+    is twice the share of resamples not favouring the leading function. Resamples are drawn ``n_resamples`` at a
+    time, and more are drawn (up to ``max_resamples``) while some Holm-adjusted p lies within 3 Monte-Carlo errors
+    of ``alpha``; a pair still that close is reported unstable, never significant. Functions that zero no head are
+    left out (not applicable: no crossing to compare). Pairs in the order of ``probes``."""
+    names = [n for n, ps in probes.items() if _applicable([p for p in ps if p.items.size])]
+    pairs = [(i, j) for i in range(len(names)) for j in range(i + 1, len(names))]
+    if not pairs:
+        return []
+    used = {n: [p for p in probes[n] if p.items.size] for n in names}
+    ids = np.unique(np.concatenate([p.items for ps in used.values() for p in ps]))
+    point = [_fit_rows(used[n], ids, np.ones((1, ids.size)), tolerance) for n in names]
+    bounds = np.array([pt[3] for pt in point])
+    rng = np.random.default_rng(seed)
+    above = np.zeros((len(names), len(names)))  # [i, j]: resamples with i's crossing above j's
+    drawn = 0
+    while True:
+        weights = _resample_counts(rng, n_resamples, ids.size)
+        theta = np.stack([_fit_rows(used[n], ids, weights, tolerance)[0] for n in names])  # [functions, resamples]
+        finite = np.isfinite(theta)
+        for i, j in pairs:
+            for a, b in ((i, j), (j, i)):
+                # a above b: both estimated and a's higher, or a censored above a crossing of b below its bound.
+                both = finite[a] & finite[b] & (theta[a] > theta[b])
+                over = ~finite[a] & finite[b] & (theta[b] < bounds[a])
+                above[a, b] += np.count_nonzero(both | over)
+        drawn += n_resamples
+        share = [max(above[i, j], above[j, i]) / drawn for i, j in pairs]
+        p = [min(1.0, 2 * (1 - s)) for s in share]
+        adjusted = holm(p)
+        se = [2 * math.sqrt(s * (1 - s) / drawn) for s in share]
+        # Holm multiplies a pair's p by at most the number of pairs: its error on the adjusted scale.
+        near = [abs(q - alpha) <= 3 * len(pairs) * e for q, e in zip(adjusted, se, strict=True)]
+        if not any(near) or drawn + n_resamples > max_resamples:
+            break
+    out = []
+    for (i, j), s, pv, q, e, close in zip(pairs, share, p, adjusted, se, near, strict=True):
+        a, b = (i, j) if above[i, j] >= above[j, i] else (j, i)
+        ta, tb = point[a][0][0], point[b][0][0]
+        diff = float(ta - tb) if math.isfinite(ta) and math.isfinite(tb) else math.nan
+        out.append(Comparison(names[a], names[b], diff, float(s), pv, q, e, drawn, not close, q <= alpha and not close))
+    return out
 
 
 def _targets(max_fraction: float, resolution: float) -> list[float]:

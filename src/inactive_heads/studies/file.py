@@ -129,7 +129,7 @@ class Study:
         # A grid task leaves out the design keys, so runs named before searches existed keep their names. A searched
         # task leaves out its design, targets and score functions too: searches are keyed by their own design and
         # score, so the designs searching one (model, task, calibration) share its calibration, baseline and blocks.
-        unnamed = ("models", "design", "search")
+        unnamed: tuple[str, ...] = ("models", "design", "search")
         if task.search is not None:
             unnamed += ("scores", "targets")
         settings = {
