@@ -12,6 +12,7 @@ from ..runs.adaptive import Search, compare_searches, load_searches
 from ..runs.directory import RunData, score_label
 from ..stats.crossing import format_crossing
 from .document import Document
+from .figures import crossing_figure, png
 from .tables import calibration_label
 
 __all__ = ["CROSSING_NOTE", "crossing_ranks", "crossings_across", "crossings_csv", "crossings_section"]
@@ -59,11 +60,11 @@ def crossing_ranks(searches: Sequence[Search]) -> dict[str, float]:
     return ranks
 
 
-def crossings_section(doc: Document, run: RunData) -> bool:
-    """The crossings searched in ``run``, per design: a table of crossings with rank and cost, then every probe.
-    Returns whether the run has any."""
+def crossings_section(doc: Document, run: RunData, tag: str) -> bool:
+    """The crossings searched in ``run``, per design: a table of crossings with rank and cost, the pairwise
+    comparisons, a figure (files named with ``tag``), then every probe. Returns whether the run has any."""
     searches = load_searches(run.dir)
-    for text, group in _groups(searches).items():
+    for i, (text, group) in enumerate(_groups(searches).items()):
         doc.p(f"Crossings searched ({text}). {CROSSING_NOTE}")
         ranks = crossing_ranks(group)
         doc.table(
@@ -83,6 +84,8 @@ def crossings_section(doc: Document, run: RunData) -> bool:
             ],
         )
         _comparisons(doc, run, group)
+        name = f"crossings_{tag}_{i}.png"
+        doc.img(png(crossing_figure(group, run.name)), name, f"crossings, {run.name}, {text}")
         doc.p(
             "Probes in the order run: accuracy change to baseline on the probe's items in points with its "
             "anytime-valid confidence sequence at the last look, and the test's decision (within or below the "

@@ -13,14 +13,17 @@ from typing import Any
 import numpy as np
 
 from ..errors import InactiveHeadsError
+from ..runs.adaptive import Search
 from ..runs.directory import Cell, RunData, score_label
 from ..scores import SCORE_FUNCTIONS
 from ..stats.bootstrap import Interval
+from ..stats.crossing import fitted_curve, format_crossing
 from ..stats.curves import TABLE2_TOLERANCE
 from ..stats.overlap import Overlap
 
 __all__ = [
     "cdf_figure",
+    "crossing_figure",
     "curves_figure",
     "delta_figure",
     "figure",
@@ -219,4 +222,53 @@ def overlap_figure(overlaps: Sequence[Overlap], title: str) -> Any:
         ax.set_title(f"target {o.target:g}", fontsize=8)
     fig.suptitle(f"{title}: IoU (below the diagonal), precision of the row's heads (above)", fontsize=9)
     fig.tight_layout()
+    return fig
+
+
+def crossing_figure(searches: Sequence[Search], title: str) -> Any:
+    """Per searched score function (one design): each probe's paired accuracy change with its confidence sequence at
+    the last look, the isotonic fit the estimate reads, the tolerance line, and the crossing: its 95% interval as a
+    band (hatched and open to the right where its upper end is a bound "> X") and the estimate as a line."""
+    cols = min(3, len(searches))
+    rows = math.ceil(len(searches) / cols)
+    fig = figure(max(3.4 * cols, 5.0), 2.5 * rows + 0.6)
+    fig.set_layout_engine("constrained")
+    axes = fig.subplots(rows, cols, sharex=True, sharey=True, squeeze=False).ravel()
+    for ax, s in zip(axes, searches, strict=False):
+        c = s.crossing
+        probes = [p for p in s.probes if p.items]
+        tol = 100 * s.design.tolerance
+        ax.axhline(-tol, color="grey", ls=":", lw=1)
+        ax.axhline(0, color="grey", ls="--", lw=0.8)
+        ax.set_title(f"{score_label(s.score)}: {format_crossing(c, interval=False)}", fontsize=9)
+        ax.grid(alpha=0.3)
+        ax.tick_params(labelsize=7)
+        if c.state == "not_applicable" or not probes:
+            ax.text(0.5, 0.5, "n/a: zeroes no head", ha="center", va="center", transform=ax.transAxes, fontsize=8)
+            continue
+        top = 100 * max(p.fraction for p in probes)
+        if c.high_censored:
+            ax.axvspan(100 * c.low, top, color="tab:orange", alpha=0.15, hatch="//", lw=0, label="95% interval (> X)")
+            ax.annotate(
+                "", xy=(top + 4, -tol), xytext=(top, -tol), arrowprops={"arrowstyle": "->", "color": "tab:orange"}
+            )
+        else:
+            ax.axvspan(100 * c.low, 100 * c.high, color="tab:orange", alpha=0.25, lw=0, label="95% interval")
+        ax.axvline(100 * c.value, color="tab:orange", lw=1.5, ls="-" if c.state == "estimated" else "--")
+        xs, fit = fitted_curve([p.fraction for p in probes], [p.mean for p in probes], [p.items for p in probes])
+        ax.plot(100 * xs, 100 * fit, color="tab:blue", lw=1.3, label="isotonic fit")
+        for p in probes:
+            look = p.looks[-1]
+            ax.errorbar(
+                100 * p.fraction, 100 * p.mean, yerr=[[100 * (p.mean - look.low)], [100 * (look.high - p.mean)]],
+                fmt="o", ms=3, lw=0.8, color={"within": "tab:green", "below": "tab:red"}.get(p.decision, "black"),
+            )  # fmt: skip
+    for ax in axes[len(searches) :]:
+        ax.set_visible(False)
+    labelled = [ax for ax in axes if ax.get_legend_handles_labels()[1]]
+    if labelled:
+        labelled[0].legend(fontsize=6, loc="lower left")
+    fig.supxlabel("% of heads zeroed (measured)", fontsize=9)
+    fig.supylabel("accuracy − baseline (points)", fontsize=9)
+    fig.suptitle(f"{title}: probes (green within, red below, black undecided), crossing", fontsize=9)
     return fig

@@ -211,7 +211,7 @@ def _run_section(doc: Document, run: RunData, rows: list[Table2Row], tag: str, b
         f"{cfg.get('n_layers')} layers × {cfg.get('n_heads')} heads, package {cfg.get('package_version')}; "
         f"baseline accuracy {100 * run.baseline:.2f}%."
     )
-    searched = crossings_section(doc, run)
+    searched = crossings_section(doc, run, tag)
     if not run.score_names:  # a run may so far hold only its baseline (and searches): no curve to measure or draw
         if not searched:
             doc.p("Only the baseline is stored so far.")

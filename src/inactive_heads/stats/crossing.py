@@ -92,6 +92,7 @@ __all__ = [
     "compare_crossings",
     "confidence_sequence",
     "fit_crossing",
+    "fitted_curve",
     "format_crossing",
     "grid_crossing",
     "holm",
@@ -406,6 +407,20 @@ def fit_crossing(
     return Crossing(
         "estimated", float(theta[0]), low, bound if high_censored else high, high_censored, level, tolerance
     )
+
+
+def fitted_curve(
+    fractions: Sequence[float], means: Sequence[float], items: Sequence[int]
+) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.float64]]:
+    """The estimator's fit through probes given by their realised fraction, mean paired difference and item count:
+    the distinct fractions (ascending, from the anchor 0) and the weighted non-increasing fit there (0 at 0)."""
+    xs, column = np.unique(np.asarray(fractions, dtype=np.float64), return_inverse=True)
+    sums = np.zeros(xs.size)
+    weights = np.zeros(xs.size)
+    np.add.at(sums, column, np.asarray(means, dtype=np.float64) * np.asarray(items, dtype=np.float64))
+    np.add.at(weights, column, np.asarray(items, dtype=np.float64))
+    fit = _isotonic_decreasing(sums[None], np.maximum(weights, _EMPTY_WEIGHT)[None])[0]
+    return np.concatenate([[0.0], xs]), np.concatenate([[0.0], fit])
 
 
 def _applicable(probes: Sequence[Probe]) -> bool:
