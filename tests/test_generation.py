@@ -451,6 +451,57 @@ def test_sweep_runs_a_generative_task_and_resumes(model, tok, tmp_path, mode):
     assert "the cascade of zeroing while decoding" in md.read_text()
 
 
+class _Killed(Exception):
+    pass
+
+
+@pytest.mark.parametrize("mode", ["recompute", "running"])
+def test_a_generative_cell_cut_off_resumes_from_its_finished_batches(model, tok, tmp_path, mode, monkeypatch):
+    import inactive_heads.generation as generation
+    from inactive_heads import sweep
+    from inactive_heads.runs.directory import RunDir, load_run
+
+    kw = dict(scores=["ahon_ln"], targets=[0.3], max_gen_toks=4, batch_size=1, progress=False, generation_mode=mode)
+    real, calls = generation._run_batch, []
+
+    def cut_after(n: int):
+        def run_batch(*args, **kwargs):
+            if len(calls) == n:
+                raise _Killed
+            calls.append(args[3])  # the rows
+            return real(*args, **kwargs)
+
+        return run_batch
+
+    with monkeypatch.context() as m:
+        m.setattr(generation, "_run_batch", cut_after(99))
+        sweep(model, tok, _task(), tmp_path / "whole", **kw)
+    assert len(calls) == 8  # four batches of the baseline and four of the cell: the calibration decodes nothing
+    calls.clear()
+    with pytest.raises(_Killed), monkeypatch.context() as m:
+        m.setattr(generation, "_run_batch", cut_after(4 + 3))  # the baseline's four batches, three of the cell's
+        sweep(model, tok, _task(), tmp_path / "cut", **kw)
+    rd = RunDir(tmp_path / "cut")
+    [partial] = (rd.root / "partial").iterdir()
+    assert len(list(partial.glob("batch-*.pt"))) == 3 and not list(partial.glob(".*"))  # no torn file
+    calls.clear()
+    with monkeypatch.context() as m:
+        m.setattr(generation, "_run_batch", cut_after(99))
+        sweep(model, tok, _task(), tmp_path / "cut", **kw)
+    assert len(calls) == 1  # only the unfinished batch of the four ran again
+    assert not partial.exists()
+    whole, resumed = load_run(tmp_path / "whole"), load_run(tmp_path / "cut")
+    for a, b in zip(whole.cells, resumed.cells, strict=True):
+        assert (a.score, a.accuracy, a.fraction_zeroed, a.per_head) == (
+            b.score,
+            b.accuracy,
+            b.fraction_zeroed,
+            b.per_head,
+        )
+        assert a.generation["generated_tokens"] == b.generation["generated_tokens"]
+        assert a.generation["flips"] == b.generation["flips"]
+
+
 def test_cascade_counts_identical_outputs_and_first_divergences():
     base = [[1, 2, 3], [4, 5, 6], [7, 8], [9]]
     other = [[1, 2, 3], [4, 0, 6], [7, 8, 2], [3]]

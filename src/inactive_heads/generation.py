@@ -31,9 +31,11 @@ Under a policy, ``mode`` says what each zeroing decision sees:
 
 from __future__ import annotations
 
+import io
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Any, Final, Literal
 
 import torch
@@ -41,10 +43,11 @@ from transformers import PreTrainedModel
 
 from . import _compat, _model
 from ._tensors import pad_left, real_positions
+from .atomic import atomic_write_bytes
 from .engine import Policy, RunningStats, watch
 from .errors import InactiveHeadsError
 
-__all__ = ["MODES", "Generated", "cascade", "generate_until"]
+__all__ = ["MODES", "BatchCheckpoint", "Generated", "cascade", "generate_until"]
 
 #: Zeroing modes during generation (see the module docstring).
 Mode = Literal["recompute", "step", "running", "prompt"]
@@ -92,6 +95,34 @@ class Generated:
         return sum(self.flips) / max(sum(len(t) - 1 for t in self.tokens), 1)
 
 
+class BatchCheckpoint:
+    """A directory keeping each finished batch of a :func:`generate_until` (its tokens, flips, decisions, forwards,
+    KV bytes and seconds; one file per batch, written atomically), so a run cut off resumes at its first unfinished
+    batch with the same result. A batch is reused only for the same prompts in the same rows; the caller keys the
+    directory by everything else that decides the output (model, policy, mode, budget)."""
+
+    def __init__(self, directory: str | Path):
+        self.directory = Path(directory)
+
+    def _path(self, index: int) -> Path:
+        return self.directory / f"batch-{index:05d}.pt"
+
+    def load(self, index: int, rows: list[int], prompts: list[Sequence[int]]) -> dict[str, Any] | None:
+        """Batch ``index`` as stored, or None when it is missing or was for other rows or prompts."""
+        path = self._path(index)
+        if not path.is_file():
+            return None
+        stored: dict[str, Any] = torch.load(path, weights_only=True)
+        if stored["rows"] != rows or stored["prompts"] != [list(p) for p in prompts]:
+            return None
+        return stored
+
+    def save(self, index: int, rows: list[int], prompts: list[Sequence[int]], out: dict[str, Any]) -> None:
+        buf = io.BytesIO()
+        torch.save({"rows": rows, "prompts": [list(p) for p in prompts], **out}, buf)
+        atomic_write_bytes(self._path(index), buf.getvalue())
+
+
 def _eos_ids(model: PreTrainedModel, tokenizer: Any) -> set[int]:
     # HF generate stops a row at the generation config's end-of-sequence ids.
     eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
@@ -131,6 +162,7 @@ def generate_until(
     progress: bool | Callable[[int], Any] = False,
     drop_kv: bool = True,
     first_row: int = 0,
+    checkpoint: BatchCheckpoint | None = None,
 ) -> Generated:
     """Greedy-decode every token-id prompt until a stop string (see the module docstring for ``mode``).
 
@@ -139,6 +171,8 @@ def generate_until(
     given. The ``random`` score draws per prompt: prompt ``i`` as row ``first_row + i`` of
     :func:`~inactive_heads.engine.watch`, however it is batched. ``drop_kv``: in prompt mode, cut from the cache the
     KV heads each row never reads. ``mode=NAIVE_RECOMPUTE`` runs ``recompute`` without a cache (the reference).
+    ``checkpoint``: keep each finished batch there and reuse those stored (:class:`BatchCheckpoint`); ``seconds``
+    is then the sum of every batch's own time, stored ones included.
     """
     if mode not in (*MODES, NAIVE_RECOMPUTE):
         raise InactiveHeadsError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
@@ -165,43 +199,73 @@ def generate_until(
         bar = progress(len(prompts))
     was_training = model.training
     model.eval()
-    t0 = time.perf_counter()
-    forwards, kv = 0, [0, 0, 0]
+    forwards, kv, seconds = 0, [0, 0, 0], 0.0
     zeroed: list[torch.Tensor] = []
     flips: list[int] | None = [0] * len(prompts) if mode in ("recompute", NAIVE_RECOMPUTE) else None
     try:
-        for start in range(0, len(order), batch_size):
+        for index, start in enumerate(range(0, len(order), batch_size)):
             chunk = order[start : start + batch_size]
-            chunk_policy = _for_rows(policy, chunk)
             row_ids = [first_row + i for i in chunk]
             chunk_prompts = [prompts[i] for i in chunk]
-            batch: _Batch
-            if mode == "recompute" and _cache_exact(model, policy, max(map(len, chunk_prompts)) + max_gen_toks):
-                batch = _Recompute(model, chunk_prompts, row_ids, pad_id, chunk_policy)
-            else:
-                batch_mode = NAIVE_RECOMPUTE if mode == "recompute" else mode
-                batch = _Batch(model, chunk_prompts, row_ids, pad_id, chunk_policy, batch_mode, drop_kv)
-            for k, (i, toks) in enumerate(
-                zip(chunk, batch.run(tokenizer, stops, lookback, eos, max_gen_toks), strict=True)
-            ):
-                tokens[i] = toks
+            done = None if checkpoint is None else checkpoint.load(index, row_ids, chunk_prompts)
+            if done is None:
+                done = _run_batch(
+                    model, tokenizer, chunk_prompts, row_ids, pad_id, _for_rows(policy, chunk), mode, drop_kv,
+                    (stops, lookback, eos, max_gen_toks),
+                )  # fmt: skip
+                if checkpoint is not None:
+                    checkpoint.save(index, row_ids, chunk_prompts, done)
+            for k, i in enumerate(chunk):
+                tokens[i] = done["tokens"][k]
                 if flips is not None:
-                    flips[i] = batch.flips[k]
-            forwards += batch.forwards
-            zeroed += batch.zeroed
-            kv = [a + b for a, b in zip(kv, batch.kv, strict=True)]
+                    flips[i] = done["flips"][k]
+            forwards += done["forwards"]
+            zeroed += done["zeroed"]
+            kv = [a + b for a, b in zip(kv, done["kv"], strict=True)]
+            seconds += done["seconds"]
             if bar is not None:
                 bar.update(len(chunk))
     finally:
         model.train(was_training)
         if bar is not None:
             bar.close()
-    seconds = time.perf_counter() - t0
     texts = [_cut(tokenizer.decode(t, skip_special_tokens=True), stops) for t in tokens]
     rows = torch.cat(zeroed) if zeroed else None
     return Generated(
         texts, tokens, seconds, forwards, sum(map(len, tokens)), mode, rows, kv[0], kv[1], kv[2], flips
     )  # fmt: skip
+
+
+def _run_batch(
+    model: PreTrainedModel,
+    tokenizer: Any,
+    prompts: list[Sequence[int]],
+    row_ids: list[int],
+    pad_id: int,
+    policy: Policy | None,
+    mode: str,
+    drop_kv: bool,
+    stopping: tuple[list[str], int, set[int], int],
+) -> dict[str, Any]:
+    """Decode one batch: what :func:`generate_until` keeps of it (and a checkpoint stores)."""
+    t0 = time.perf_counter()
+    batch: _Batch
+    max_gen_toks = stopping[3]
+    if mode == "recompute" and _cache_exact(model, policy, max(map(len, prompts)) + max_gen_toks):
+        batch = _Recompute(model, prompts, row_ids, pad_id, policy)
+    else:
+        batch = _Batch(
+            model, prompts, row_ids, pad_id, policy, NAIVE_RECOMPUTE if mode == "recompute" else mode, drop_kv
+        )
+    tokens = batch.run(tokenizer, *stopping)
+    return {
+        "tokens": tokens,
+        "flips": batch.flips,
+        "forwards": batch.forwards,
+        "zeroed": [z.cpu() for z in batch.zeroed],
+        "kv": list(batch.kv),
+        "seconds": time.perf_counter() - t0,
+    }
 
 
 def _for_rows(policy: Policy | None, rows: Sequence[int]) -> Policy | None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from transformers import PreTrainedModel
@@ -32,6 +33,8 @@ def evaluate(
     policy: Policy | None = None,
     record: bool = False,
     progress: bool | Callable[[int], Any] = False,
+    checkpoint: str | Path | None = None,
+    scores_only: bool = False,
     **options: Any,
 ) -> EvalResult:
     """Evaluate ``model`` on ``task`` as lm-eval 0.4.x does: by log-likelihood, or for a generative task (GSM8K)
@@ -44,7 +47,14 @@ def evaluate(
     Under a policy or recording every sequence runs whole, so each row's scores see its entire input.
     ``progress``: show a progress bar over sequences; True for tqdm's, or a factory ``progress(total)`` of a
     tqdm-like bar (``update(n)``, ``close()``), so a caller can nest it under its own or show it from another process.
+    ``checkpoint``: a directory where a generative evaluation keeps each finished batch of generation and from which
+    an interrupted one resumes (:class:`~inactive_heads.generation.BatchCheckpoint`; the caller keys it by
+    everything else that decides the output). Log-likelihood tasks, whose batches take seconds, do not use it.
+    ``scores_only`` (with ``record`` and no policy): a generative task records the scores of its prompts' pass and
+    generates nothing (a calibration needs no answers; its metrics are then empty).
     """
+    if scores_only and (not record or policy is not None):
+        raise InactiveHeadsError("scores_only=True needs record=True and no policy")
     config = EvalConfig.from_options(config, **options)
     if config.share_prefix and (policy is not None or record):
         raise InactiveHeadsError(
@@ -56,7 +66,9 @@ def evaluate(
     shots = config.shots_for(task)
     items = subset(task.items, config.limit, config.seed)
     if task.generation is not None:
-        return _evaluate_generative(model, tokenizer, task, items, shots, config, policy, record, progress, t0)
+        return _evaluate_generative(
+            model, tokenizer, task, items, shots, config, policy, record, progress, t0, checkpoint, scores_only
+        )
     chat = _chat_fn(tokenizer) if config.apply_chat_template else None
     seqs = _build(
         task, items, shots, tokenizer, _compat.max_length(model, tokenizer), chat, config.fewshot_as_multiturn

@@ -11,6 +11,7 @@ import random
 import re
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -20,7 +21,7 @@ from .. import _compat
 from .._tensors import pad_left
 from ..engine import Policy, watch
 from ..errors import InactiveHeadsError
-from ..generation import generate_until
+from ..generation import BatchCheckpoint, generate_until
 from ..tasks import FEWSHOT_SEED, Extraction, Generation, Item, Task
 from .config import EvalConfig
 from .metrics import _zeroed_fractions
@@ -90,6 +91,8 @@ def _evaluate_generative(
     record: bool,
     progress: bool | Callable[[int], Any],
     t0: float,
+    checkpoint: str | Path | None = None,
+    scores_only: bool = False,
 ) -> EvalResult:
     spec = task.generation
     assert spec is not None
@@ -105,6 +108,27 @@ def _evaluate_generative(
     scores = None
     if record:
         scores = _record_prompts(model, prompts, config.batch_size, pad_id)
+    if scores_only:
+        t_run = time.perf_counter()
+        n = len(items)
+        return EvalResult(
+            task=task.name,
+            metrics={},
+            n_items=n,
+            item_ids=[it.id for it in items],
+            groups=[it.group for it in items],
+            gold=[],
+            pred=[],
+            pred_norm=[],
+            loglikelihoods=[],
+            is_greedy=[],
+            gold_loglikelihood=None,
+            group_metrics={},
+            rows=[(i, -1) for i in range(n)],
+            timing=_timing(t0, t_build, t_run, items=n, sequences=n, tokens=sum(map(len, prompts)), forward_tokens=0),
+            config=_provenance(task, config, shots, policy, record, model),
+            scores=scores,
+        )
     gen = generate_until(
         model,
         tokenizer,
@@ -115,6 +139,7 @@ def _evaluate_generative(
         policy=policy,
         mode=config.generation_mode,  # type: ignore[arg-type]  # validated by EvalConfig
         progress=progress,
+        checkpoint=None if checkpoint is None else BatchCheckpoint(checkpoint),
     )
     t_run = time.perf_counter()
     targets = [it.continuations[0] for it in items]

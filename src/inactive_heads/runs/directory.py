@@ -16,6 +16,8 @@ Layout::
     searches/<key>.json             one finished search for a score's crossing, see
                                      :class:`~inactive_heads.runs.adaptive.Search`
     searches/blocks/<key>.json      one evaluated block of items of a search's probe, replayed on resume
+    partial/<key>/batch-<i>.pt      a generative cell under way: each finished batch of its generation, reused when
+                                     the cell is computed again after an interruption; removed once it is stored
 
 This module is the only one that knows these paths; the sweep writes through it and the report reads through it.
 It holds the run record, the cell record and their reading back together so that the identity a
@@ -351,6 +353,10 @@ class RunDir:
     @property
     def blocks_path(self) -> Path:
         return self.searches_path / "blocks"
+
+    def partial_path(self, key: str) -> Path:
+        """Where a generative cell under way keeps its finished batches (removed once the cell is stored)."""
+        return self.root / "partial" / key
 
     def read_run(self) -> dict[str, Any]:
         """The run record; FileNotFoundError when this is not a run directory."""

@@ -8,6 +8,7 @@ stopped and never recomputes (or trusts a torn copy of) a finished cell.
 from __future__ import annotations
 
 import contextlib
+import shutil
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -132,7 +133,11 @@ def calibrate(
             with contextlib.suppress(Exception):  # a torn or foreign file: record again
                 return HeadScores.load(rd.scores_path)
         t0 = time.perf_counter()
-        result = evaluation.evaluate(model, tokenizer, cal_task, cal_config, record=True, progress=progress)
+        # A generative calibration needs its prompts' scores, not their answers: decoding would double its cost.
+        result = evaluation.evaluate(
+            model, tokenizer, cal_task, cal_config, record=True, progress=progress,
+            scores_only=cal_task.generation is not None,
+        )  # fmt: skip
         scores = result.scores
         if scores is None:
             raise RuntimeError("evaluate(record=True) returned no scores")
@@ -145,7 +150,7 @@ def calibrate(
             "rows": scores.shape[0],
             "n_items": result.n_items,
             "row_items": [item for item, _ in result.rows],  # rows grouped by input, for bootstraps over items
-            "accuracy": result.metrics["acc"],
+            "accuracy": result.metrics.get("acc"),  # None for a generative calibration (nothing decoded)
             "seconds": time.perf_counter() - t0,
         }
         scores.meta.update(meta)
@@ -300,7 +305,10 @@ def compute_cell(
         if store.has(cell.key):  # finished by the process that held the claim
             return False
         policy = None if cell.score is None else Policy(score=cell.score, threshold=cell.threshold, seed=config.seed)
-        result = evaluation.evaluate(model, tokenizer, task_obj, config, policy=policy, progress=progress)
+        partial = rd.partial_path(cell.key)
+        result = evaluation.evaluate(
+            model, tokenizer, task_obj, config, policy=policy, progress=progress, checkpoint=partial
+        )
         stored = Cell.from_result(
             result,
             score=cell.score,
@@ -311,6 +319,7 @@ def compute_cell(
             run=run_digest(run),
         )
         store.put(cell.key, stored.to_json())
+        shutil.rmtree(partial, ignore_errors=True)
     return True
 
 
