@@ -8,6 +8,7 @@ import pytest
 from inactive_heads.stats import bootstrap
 from inactive_heads.stats.bootstrap import (
     _resampled_w1,
+    bootstrap_cascade,
     bootstrap_difference,
     bootstrap_run,
     bootstrap_wasserstein,
@@ -96,6 +97,28 @@ def test_bootstrap_difference_is_a_loop_over_explicit_resamples():
     assert (got.low, got.high) == pytest.approx(tuple(np.percentile(diffs, [2.5, 97.5])))
     same = bootstrap_difference(a, a)
     assert (same.value, same.low, same.high) == (0.0, 0.0, 0.0)
+
+
+def test_bootstrap_cascade_is_a_loop_over_explicit_resamples():
+    rng = np.random.default_rng(5)
+    n = 40
+    base, cell = rng.random(n) < 0.5, rng.random(n) < 0.4
+    first = [None if u < 0.3 else int(k) for u, k in zip(rng.random(n), rng.integers(0, 200, n), strict=True)]
+    got = bootstrap_cascade(cell, base, first, n_resamples=200, seed=2)
+    draws = np.random.default_rng(2).integers(0, n, size=(200, n))
+    delta, same, median = [], [], []
+    for idx in draws:  # each resample as the list of items it drew
+        delta.append(sum(int(cell[i]) - int(base[i]) for i in idx) / n)
+        same.append(sum(first[i] is None for i in idx) / n)
+        median.append(float(np.median([first[i] for i in idx if first[i] is not None])))
+    assert got.delta.value == pytest.approx(cell.mean() - base.mean())
+    assert (got.delta.low, got.delta.high) == pytest.approx(tuple(np.percentile(delta, [2.5, 97.5])))
+    assert got.identical.value == pytest.approx(sum(k is None for k in first) / n)
+    assert (got.identical.low, got.identical.high) == pytest.approx(tuple(np.percentile(same, [2.5, 97.5])))
+    assert got.quartiles[1].value == np.median([k for k in first if k is not None])
+    assert (got.quartiles[1].low, got.quartiles[1].high) == pytest.approx(tuple(np.percentile(median, [2.5, 97.5])))
+    none = bootstrap_cascade(base, base, [None] * n)
+    assert none.identical.value == 1.0 and all(np.isnan(q.value) for q in none.quartiles)
 
 
 def test_bad_input_is_refused():

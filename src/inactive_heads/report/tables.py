@@ -20,6 +20,7 @@ from ..stats.bootstrap import (
     DEFAULT_RESAMPLES,
     Bootstrap,
     Interval,
+    bootstrap_cascade,
     bootstrap_difference,
     bootstrap_run,
     independent_counts,
@@ -319,22 +320,27 @@ def cascade_table(runs: Sequence[RunData]) -> Table | None:
              f"{base_gen['tokens_per_s']:.1f}", "1.00x", "–"]
         )  # fmt: skip
         for score, target, c, gen in cells:
-            if (c.per_item or {}).get("ids") != (base.per_item or {}).get("ids"):
+            right, base_right = c.correct(), base.correct()
+            same_items = (c.per_item or {}).get("ids") == (base.per_item or {}).get("ids")
+            if right is None or base_right is None or not same_items:
                 continue  # other items than the baseline's: nothing to compare token by token
             found = cascade(base_gen["generated_tokens"], gen["generated_tokens"])
-            quartiles = found["divergence_quartiles"]
-            spread = "–" if quartiles[1] is None else " / ".join(f"{q:.0f}" for q in quartiles)
+            iv = bootstrap_cascade(right, base_right, found["first_divergence"])
+            spread = " / ".join("–" if q.value != q.value else f"{q.value:.0f} [{q.low:.0f}, {q.high:.0f}]"
+                                for q in iv.quartiles)  # fmt: skip
             speed = gen["tokens_per_s"] / max(base_gen["tokens_per_s"], 1e-9)
+            d, same = iv.delta, iv.identical
             rows.append(
                 [str(gen["mode"]), score_label(score), f"{float(target):g}",
                  f"{100 * c.fraction_zeroed:.1f}", f"{100 * c.accuracy:.1f}",
-                 f"{100 * (c.accuracy - base.accuracy):+.1f}", f"{100 * found['identical']:.0f}", spread,
+                 f"{100 * d.value:+.1f} [{100 * d.low:+.1f}, {100 * d.high:+.1f}]",
+                 f"{100 * same.value:.0f} [{100 * same.low:.0f}, {100 * same.high:.0f}]", spread,
                  f"{gen['tokens_per_s']:.1f}", f"{speed:.2f}x", _kv_dropped(gen)]
             )  # fmt: skip
     if not rows:
         return None
-    header = ["mode", "score", "target", "% zeroed", "exact match", "Δ", "% identical to baseline",
-              "first divergence (token; q1 / median / q3)", "tokens/s", "vs baseline",
+    header = ["mode", "score", "target", "% zeroed", "exact match", "Δ [95%]", "% identical to baseline [95%]",
+              "first divergence (token; q1 / median / q3 [95%])", "tokens/s", "vs baseline",
               "% KV cache unread / dropped"]  # fmt: skip
     return header, rows
 

@@ -20,7 +20,9 @@ from .distances import wasserstein1
 
 __all__ = [
     "Bootstrap",
+    "CascadeIntervals",
     "Interval",
+    "bootstrap_cascade",
     "bootstrap_difference",
     "bootstrap_run",
     "bootstrap_wasserstein",
@@ -116,6 +118,58 @@ def bootstrap_difference(
         raise InactiveHeadsError(f"need two vectors over the same items, got shapes {x.shape} and {y.shape}")
     counts = resample_counts(x.shape[0], n_resamples, seed)
     return percentile_interval(float(np.mean(x - y)), counts @ (x - y) / x.shape[0], level)
+
+
+@dataclass(frozen=True)
+class CascadeIntervals:
+    """A generative cell against its unintervened run, each with its paired bootstrap interval over items:
+    ``delta`` (exact match minus the unintervened one), ``identical`` (share of outputs equal token for token) and
+    the ``quartiles`` of the first token where the others diverge (over the items that diverge; NaN without any)."""
+
+    delta: Interval
+    identical: Interval
+    quartiles: tuple[Interval, Interval, Interval]
+
+
+def bootstrap_cascade(
+    correct: Sequence[bool] | np.ndarray,
+    baseline_correct: Sequence[bool] | np.ndarray,
+    first_divergence: Sequence[int | None],
+    *,
+    n_resamples: int = DEFAULT_RESAMPLES,
+    seed: int = 0,
+    level: float = 0.95,
+) -> CascadeIntervals:
+    """:class:`CascadeIntervals` of one cell: one resample of items serves every statistic (``first_divergence``
+    per item, None where the output equals the unintervened one, as
+    :func:`~inactive_heads.generation.cascade` gives it)."""
+    delta = np.asarray(correct, dtype=float) - np.asarray(baseline_correct, dtype=float)
+    first = np.array([np.nan if k is None else float(k) for k in first_divergence])
+    if delta.ndim != 1 or delta.shape != first.shape:
+        raise InactiveHeadsError(f"need per-item vectors of one length, got {delta.shape} and {first.shape}")
+    n = delta.shape[0]
+    counts = resample_counts(n, n_resamples, seed)
+    same = np.isnan(first).astype(float)
+    qs = (0.25, 0.5, 0.75)
+
+    def quartiles(weights: np.ndarray) -> list[float]:
+        keep = ~np.isnan(first) & (weights > 0)
+        if not keep.any():
+            return [np.nan] * 3
+        values = np.repeat(first[keep], weights[keep].astype(np.int64))
+        return [float(v) for v in np.quantile(values, qs)]
+
+    point = quartiles(np.ones(n))
+    resampled = np.array([quartiles(c) for c in counts])
+    return CascadeIntervals(
+        delta=percentile_interval(float(delta.mean()), counts @ delta / n, level),
+        identical=percentile_interval(float(same.mean()), counts @ same / n, level),
+        quartiles=(
+            percentile_interval(point[0], resampled[:, 0], level),
+            percentile_interval(point[1], resampled[:, 1], level),
+            percentile_interval(point[2], resampled[:, 2], level),
+        ),
+    )
 
 
 def bootstrap_run(
