@@ -220,3 +220,21 @@ def test_list_shows_scores_and_tasks(capsys):
     assert main(["list"]) == 0
     out = capsys.readouterr().out
     assert all(name in out for name in SCORE_FUNCTIONS) and "recall" in out and "mmlu_<subject>" in out
+
+
+def test_a_reader_that_goes_away_ends_the_output_quietly(monkeypatch, capsys, tmp_path):
+    class ClosedPipe(io.StringIO):  # `inactive-heads list | head -1` once head has exited
+        def __init__(self, fd: int):
+            super().__init__()
+            self.fd = fd
+
+        def write(self, text: str) -> int:
+            raise BrokenPipeError(32, "Broken pipe")
+
+        def fileno(self) -> int:
+            return self.fd
+
+    with open(tmp_path / "stdout", "w") as f:
+        monkeypatch.setattr("sys.stdout", ClosedPipe(f.fileno()))
+        assert main(["list"]) == 141
+    assert capsys.readouterr().err == ""  # no "error: Broken pipe", no traceback

@@ -8,6 +8,7 @@ an interrupted sweep exits with 130 and resumes when the same command is run aga
 from __future__ import annotations
 
 import argparse
+import os
 import re
 import statistics
 import sys
@@ -598,6 +599,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     ) as e:  # bad input: one line that names the fix; anything else is a bug and keeps its traceback
         print(f"inactive-heads: error: {e}", file=sys.stderr)
         return 2
+    except BrokenPipeError:  # the reader of stdout went away (`inactive-heads list | head`): nothing to report
+        # Point stdout at devnull so the interpreter's flush at exit does not raise again.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141  # what a shell reports for SIGPIPE
     except OSError as e:  # a read-only or full disk, a missing permission: the system's words and the path
         where = f": {e.filename}" if e.filename else ""
         print(f"inactive-heads: error: {e.strerror or e}{where}", file=sys.stderr)
