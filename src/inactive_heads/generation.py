@@ -34,7 +34,7 @@ from __future__ import annotations
 import io
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Final, Literal
 
@@ -95,6 +95,18 @@ class Generated:
         return sum(self.flips) / max(sum(len(t) - 1 for t in self.tokens), 1)
 
 
+@dataclass
+class _BatchResult:
+    """What :func:`generate_until` keeps of one batch (and a :class:`BatchCheckpoint` stores)."""
+
+    tokens: list[list[int]]
+    flips: list[int]
+    forwards: int
+    zeroed: list[torch.Tensor]
+    kv: list[int]
+    seconds: float
+
+
 class BatchCheckpoint:
     """A directory keeping each finished batch of a :func:`generate_until` (its tokens, flips, decisions, forwards,
     KV bytes and seconds; one file per batch, written atomically), so a run cut off resumes at its first unfinished
@@ -107,19 +119,19 @@ class BatchCheckpoint:
     def _path(self, index: int) -> Path:
         return self.directory / f"batch-{index:05d}.pt"
 
-    def load(self, index: int, rows: list[int], prompts: list[Sequence[int]]) -> dict[str, Any] | None:
+    def load(self, index: int, rows: list[int], prompts: list[Sequence[int]]) -> _BatchResult | None:
         """Batch ``index`` as stored, or None when it is missing or was for other rows or prompts."""
         path = self._path(index)
         if not path.is_file():
             return None
         stored: dict[str, Any] = torch.load(path, weights_only=True)
-        if stored["rows"] != rows or stored["prompts"] != [list(p) for p in prompts]:
+        if stored.pop("rows") != rows or stored.pop("prompts") != [list(p) for p in prompts]:
             return None
-        return stored
+        return _BatchResult(**stored)
 
-    def save(self, index: int, rows: list[int], prompts: list[Sequence[int]], out: dict[str, Any]) -> None:
+    def save(self, index: int, rows: list[int], prompts: list[Sequence[int]], out: _BatchResult) -> None:
         buf = io.BytesIO()
-        torch.save({"rows": rows, "prompts": [list(p) for p in prompts], **out}, buf)
+        torch.save({"rows": rows, "prompts": [list(p) for p in prompts], **asdict(out)}, buf)
         atomic_write_bytes(self._path(index), buf.getvalue())
 
 
@@ -216,13 +228,13 @@ def generate_until(
                 if checkpoint is not None:
                     checkpoint.save(index, row_ids, chunk_prompts, done)
             for k, i in enumerate(chunk):
-                tokens[i] = done["tokens"][k]
+                tokens[i] = done.tokens[k]
                 if flips is not None:
-                    flips[i] = done["flips"][k]
-            forwards += done["forwards"]
-            zeroed += done["zeroed"]
-            kv = [a + b for a, b in zip(kv, done["kv"], strict=True)]
-            seconds += done["seconds"]
+                    flips[i] = done.flips[k]
+            forwards += done.forwards
+            zeroed += done.zeroed
+            kv = [a + b for a, b in zip(kv, done.kv, strict=True)]
+            seconds += done.seconds
             if bar is not None:
                 bar.update(len(chunk))
     finally:
@@ -246,8 +258,8 @@ def _run_batch(
     mode: str,
     drop_kv: bool,
     stopping: tuple[list[str], int, set[int], int],
-) -> dict[str, Any]:
-    """Decode one batch: what :func:`generate_until` keeps of it (and a checkpoint stores)."""
+) -> _BatchResult:
+    """Decode one batch."""
     t0 = time.perf_counter()
     batch: _Batch
     max_gen_toks = stopping[3]
@@ -258,14 +270,8 @@ def _run_batch(
             model, prompts, row_ids, pad_id, policy, NAIVE_RECOMPUTE if mode == "recompute" else mode, drop_kv
         )
     tokens = batch.run(tokenizer, *stopping)
-    return {
-        "tokens": tokens,
-        "flips": batch.flips,
-        "forwards": batch.forwards,
-        "zeroed": [z.cpu() for z in batch.zeroed],
-        "kv": list(batch.kv),
-        "seconds": time.perf_counter() - t0,
-    }
+    zeroed = [z.cpu() for z in batch.zeroed]
+    return _BatchResult(tokens, batch.flips, batch.forwards, zeroed, list(batch.kv), time.perf_counter() - t0)
 
 
 def _for_rows(policy: Policy | None, rows: Sequence[int]) -> Policy | None:
