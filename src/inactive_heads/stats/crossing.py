@@ -54,8 +54,8 @@ bootstrap: each resample reweights the items of every function at once and refit
 twice the share of resamples that do not put A's crossing above B's (a censored crossing is above only crossings
 below its bound, so two censored functions are never ordered). Holm's step-down correction (Holm 1979) runs over
 every pair of the functions compared; those that zero no head are left out. The Monte-Carlo error of each p is
-reported, and more resamples are drawn while an adjusted p lies within 3 such errors of alpha; one still that close
-is no claim either way.
+reported; where an adjusted p lies within 5 such errors of alpha after the first resamples, many more are drawn at
+once (two looks, so the stop cannot select a lucky draw), and a pair then within 3 errors is no claim either way.
 
 **Resume.** The search is a deterministic function of the callback's answers: the ``k``-th call for a target
 asks for block ``k`` of the order (``item_order(n, seed)`` split in ``block_size`` items), so a caller that stores
@@ -462,9 +462,10 @@ class Comparison:
     ``difference``: the crossings' difference ``a - b`` (fractions of heads; NaN when either is censored: only
     the order is known). ``share``: the resamples in which ``a``'s crossing lies above ``b``'s (a censored one
     counts as above only a crossing below its bound). ``p``: ``2 (1 - share)``, capped at 1; ``p_holm``: Holm's
-    adjusted p over every pair of the family; ``mc_se``: the Monte-Carlo standard error of ``p`` at
-    ``resamples``. ``stable``: ``p_holm`` is more than 3 Monte-Carlo errors from ``alpha`` (else the verdict could
-    flip with the seed, and no claim is made). ``significant``: ``p_holm <= alpha`` and stable."""
+    adjusted p over every pair of the family; ``mc_se``: the Monte-Carlo standard error of ``p_holm`` at
+    ``resamples`` (that of ``p`` times the number of pairs, Holm's largest factor). ``stable``: ``p_holm`` is more
+    than 3 Monte-Carlo errors from ``alpha`` (else the verdict could flip with the seed, and no claim is made).
+    ``significant``: ``p_holm <= alpha`` and stable."""
 
     a: str
     b: str
@@ -505,10 +506,10 @@ def compare_crossings(
 
     Each resample reweights the items of every function at once (the functions read the same items, so their
     crossings are compared on the same draw) and refits each crossing as :func:`fit_crossing` does. The pair's p
-    is twice the share of resamples not favouring the leading function. Resamples are drawn ``n_resamples`` at a
-    time, and more are drawn (up to ``max_resamples``) while some Holm-adjusted p lies within 3 Monte-Carlo errors
-    of ``alpha``; a pair still that close is reported unstable, never significant. Functions that zero no head are
-    left out (not applicable: no crossing to compare). Pairs in the order of ``probes``."""
+    is twice the share of resamples not favouring the leading function. ``n_resamples`` are drawn first; if some
+    Holm-adjusted p lies within 5 Monte-Carlo errors of ``alpha``, the rest up to ``max_resamples`` are drawn, and a
+    pair whose adjusted p then lies within 3 errors of ``alpha`` is reported unstable, never significant. Functions
+    that zero no head are left out (not applicable: no crossing to compare). Pairs in the order of ``probes``."""
     names = [n for n, ps in probes.items() if _applicable([p for p in ps if p.items.size])]
     pairs = [(i, j) for i in range(len(names)) for j in range(i + 1, len(names))]
     if not pairs:
@@ -520,8 +521,10 @@ def compare_crossings(
     rng = np.random.default_rng(seed)
     above = np.zeros((len(names), len(names)))  # [i, j]: resamples with i's crossing above j's
     drawn = 0
-    while True:
-        weights = _resample_counts(rng, n_resamples, ids.size)
+
+    def draw(count: int) -> None:
+        nonlocal drawn
+        weights = _resample_counts(rng, count, ids.size)
         theta = np.stack([_fit_rows(used[n], ids, weights, tolerance)[0] for n in names])  # [functions, resamples]
         finite = np.isfinite(theta)
         for i, j in pairs:
@@ -530,15 +533,24 @@ def compare_crossings(
                 both = finite[a] & finite[b] & (theta[a] > theta[b])
                 over = ~finite[a] & finite[b] & (theta[b] < bounds[a])
                 above[a, b] += np.count_nonzero(both | over)
-        drawn += n_resamples
+        drawn += count
+
+    def tests() -> tuple[list[float], list[float], list[float], list[float]]:
         share = [max(above[i, j], above[j, i]) / drawn for i, j in pairs]
         p = [min(1.0, 2 * (1 - s)) for s in share]
-        adjusted = holm(p)
-        se = [2 * math.sqrt(s * (1 - s) / drawn) for s in share]
-        # Holm multiplies a pair's p by at most the number of pairs: its error on the adjusted scale.
-        near = [abs(q - alpha) <= 3 * len(pairs) * e for q, e in zip(adjusted, se, strict=True)]
-        if not any(near) or drawn + n_resamples > max_resamples:
-            break
+        # The Monte-Carlo error of each p, on the adjusted scale (Holm multiplies a p by at most the pairs).
+        se = [2 * len(pairs) * math.sqrt(s * (1 - s) / drawn) for s in share]
+        return share, p, holm(p), se
+
+    draw(n_resamples)
+    share, p, adjusted, se = tests()
+    # Two looks only, so the stop itself cannot pick a lucky draw: a wide window after the first resamples, then
+    # every remaining resample at once, and the verdict's window at the end.
+    if any(abs(q - alpha) <= 5 * e for q, e in zip(adjusted, se, strict=True)):
+        while drawn < max_resamples:
+            draw(min(n_resamples, max_resamples - drawn))
+        share, p, adjusted, se = tests()
+    near = [abs(q - alpha) <= 3 * e for q, e in zip(adjusted, se, strict=True)]
     out = []
     for (i, j), s, pv, q, e, close in zip(pairs, share, p, adjusted, se, near, strict=True):
         a, b = (i, j) if above[i, j] >= above[j, i] else (j, i)
