@@ -120,8 +120,9 @@ def _comparisons(doc: Document, run: RunData, searches: Sequence[Search]) -> Non
         f"Pairwise: does the first function tolerate more zeroing than the second? One paired bootstrap over items "
         f"refits every crossing per resample; p is twice the share of resamples not ordering the pair so, adjusted "
         f"by Holm's step-down correction over the {len(found)} pairs (functions that zero no head left out). "
-        "Significant: Holm p at most 0.05 and more than 3 Monte-Carlo errors from it (resamples were added while "
-        "a pair was that close); a difference is blank where a crossing is censored (only the order is known)."
+        "Significant: Holm p at most 0.05 and more than 3 Monte-Carlo errors (on Holm's scale) from it; where a "
+        "Holm p lay within 5 errors of 0.05 after 1,000 resamples, 20,000 were drawn. A difference is blank where a "
+        "crossing is censored (only the order is known)."
     )
     doc.table(
         ["first", "second", "difference (pts of heads)", "share of resamples", "p", "Holm p", "MC error", "resamples",
