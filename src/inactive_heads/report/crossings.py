@@ -121,7 +121,7 @@ def _comparisons(doc: Document, run: RunData, searches: Sequence[Search]) -> Non
         f"refits every crossing per resample; p is twice the share of resamples not ordering the pair so, adjusted "
         f"by Holm's step-down correction over the {len(found)} pairs (functions that zero no head left out). "
         "Significant: Holm p at most 0.05 and more than 3 Monte-Carlo errors (on Holm's scale) from it; where a "
-        "Holm p lay within 5 errors of 0.05 after 1,000 resamples, 20,000 were drawn. A difference is blank where a "
+        "Holm p lay within 5 errors of 0.05 after 1,000 resamples, 100,000 were drawn. A difference is blank where a "
         "crossing is censored (only the order is known)."
     )
     doc.table(

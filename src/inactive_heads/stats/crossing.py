@@ -498,7 +498,7 @@ def compare_crossings(
     tolerance: float = DEFAULT_TOLERANCE,
     alpha: float = DEFAULT_ALPHA,
     n_resamples: int = DEFAULT_RESAMPLES,
-    max_resamples: int = 20 * DEFAULT_RESAMPLES,
+    max_resamples: int = 100 * DEFAULT_RESAMPLES,
     seed: int = 0,
 ) -> list[Comparison]:
     """Every pair of the score functions in ``probes`` (their probes on one run's items, item indices shared) that
