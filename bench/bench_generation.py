@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Literal
 
@@ -106,11 +107,11 @@ def _speed(runs: _SpeedPrompts, args: argparse.Namespace) -> list[list[str]]:
     return rows
 
 
-def _recompute_speed(runs: _SpeedPrompts, args: argparse.Namespace) -> list[list[str]]:
+def _recompute_speed(runs: _SpeedPrompts, args: argparse.Namespace, emit: Callable[[list[list[str]]], None]) -> None:
     """Per score and budget: new tokens/s of transformers' generate, the naive and the cached ``recompute`` and
-    ``running``, the share of decoding steps that flipped and whether the cached tokens are the naive ones."""
+    ``running``, the share of decoding steps that flipped and whether the cached tokens are the naive ones; each
+    (budget, score)'s rows are emitted as soon as they are measured."""
     label, n = args.name or Path(args.model).stem, str(len(runs.prompts))
-    rows = []
     for budget in args.recompute_tokens:
         hf_rate = runs.hf_generate(budget)
         for score in args.recompute_scores.split(","):
@@ -135,12 +136,11 @@ def _recompute_speed(runs: _SpeedPrompts, args: argparse.Namespace) -> list[list
             measured.append(
                 ("recompute (cached)", cached.tokens_per_s, cached.flip_share, "" if naive_rate is None else same)
             )
-            for name, rate, share, equal in measured:
-                rows.append([
-                    *key, name, f"{rate:.2f}", "" if naive_rate is None else f"{rate / naive_rate:.2f}x",
-                    f"{rate / running.tokens_per_s:.2f}x", "" if share is None else f"{100 * share:.1f}%", equal,
-                ])  # fmt: skip
-    return rows
+            emit([
+                [*key, name, f"{rate:.2f}", "" if naive_rate is None else f"{rate / naive_rate:.2f}x",
+                 f"{rate / running.tokens_per_s:.2f}x", "" if share is None else f"{100 * share:.1f}%", equal]
+                for name, rate, share, equal in measured
+            ])  # fmt: skip
 
 
 def _replayed_naive(
@@ -255,7 +255,7 @@ def main() -> None:
         _emit("bench_generation_speed", speed_header, _speed(runs, args), 4, args)
     recompute_header = ["model", "policy", "prompts", "shots", "max new tokens", "generation", "new tokens/s",
                         "vs naive recompute", "vs running", "steps flipped", "tokens = naive"]  # fmt: skip
-    _emit("bench_generation_recompute", recompute_header, _recompute_speed(runs, args), 6, args)
+    _recompute_speed(runs, args, lambda rows: _emit("bench_generation_recompute", recompute_header, rows, 6, args))
 
 
 if __name__ == "__main__":
