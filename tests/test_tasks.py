@@ -92,7 +92,9 @@ def test_arc_easy_dev_is_a_held_out_split(data_dir):
     test, dev = get_task("arc_easy", data_dir), get_task("arc_easy_dev", data_dir)
     assert not {it.id for it in test.items} & {it.id for it in dev.items}
     assert [it.id for it in dev.items] == [it.id for it in test.fewshot[""]]
-    assert dev.requests(dev.items[0], [])[0][0].startswith("Question: ") and dev.split == "validation"
+    assert dev.split == "validation" and dev.metrics == test.metrics
+    for item in dev.items[:20]:  # arc_easy's prompts: the same requests as the test task builds for that item
+        assert dev.requests(item, []) == test.requests(item, [])
     rnd = random.Random(0)
     assert all(dev.items[i].id not in {x.id for x in dev.fewshot_examples(dev.items[i], 5, rnd)} for i in range(50))
 
