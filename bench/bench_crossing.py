@@ -22,7 +22,16 @@ have none in range. Designs, each with the same estimator and 1000 bootstrap res
 crossing; an upper end ``> X`` holds everything above ``X``, so a curve with no crossing in range is covered by an
 interval whose upper end is censored.
 
-    python bench/bench_crossing.py [--curves 1200] [--quick]
+Comparisons (``bench_crossing_comparisons``): families of three score functions searched on the same items (one
+baseline; each function's losses nested in one per-item fragility, so the functions' answers are correlated as on a
+real model, with churn of its own), compared pair by pair by ``compare_crossings`` (one paired bootstrap, Holm over
+the three pairs, resamples raised near the cut). ``equal``: the three true curves are the same power curve, so every
+claim is false; ``apart``: crossings 8 and 16 points of heads apart (power curves of one shape), so the true order is
+known. Per scenario: the share of families with any false claim (a claim where the curves are equal, or one in the
+wrong direction; Holm bounds it at 5%), the share of true pairs claimed (power), and the share of families whose
+verdicts differ between two bootstrap seeds.
+
+    python bench/bench_crossing.py [--curves 1200] [--families 300] [--quick]
 """
 
 from __future__ import annotations
@@ -37,7 +46,7 @@ from pathlib import Path
 import numpy as np
 from _results import results_file, update_table  # bench/ is the script's directory, first on sys.path
 
-from inactive_heads.stats.crossing import Answer, CrossingResult, grid_crossing, search_crossing
+from inactive_heads.stats.crossing import Answer, CrossingResult, compare_crossings, grid_crossing, search_crossing
 
 SHAPES = ("steep", "smooth", "plateau", "bumpy", "censored", "flat")
 ITEMS = (1838, 2376)  # PIQA validation, ARC-Easy test
@@ -173,16 +182,76 @@ def _rows(outcomes: dict[tuple[str, str], list[Outcome]]) -> list[list[str]]:
     return rows
 
 
+def _family(
+    scenario: str, seed: int
+) -> tuple[dict[str, Callable[[float, np.ndarray], Answer]], np.ndarray, list[float]]:
+    """Three functions' ``evaluate`` on shared items, their baseline and their true crossings (``scenario`` above)."""
+    rng = np.random.default_rng(seed)
+    power, first = rng.uniform(2, 4), rng.uniform(0.1, 0.4)
+    crossings = [first] * 3 if scenario == "equal" else [first, first + 0.08, first + 0.16]
+    n, p = int(rng.choice(ITEMS)), rng.uniform(0.45, 0.75)
+    base, fragility = rng.random(n) < p, rng.random(n)
+    churns = rng.uniform(0.065, 0.19, size=3)
+
+    def make(k: int) -> Callable[[float, np.ndarray], Answer]:
+        def evaluate(target: float, items: np.ndarray) -> Answer:
+            down = min(TOL * (target / crossings[k]) ** power, 0.35)
+            c = churns[k] * (1 - math.exp(-target / 0.03))
+            fresh = np.random.default_rng([seed, k, round(target * 1e9), int(items[0])]).random(items.size)
+            lose = (fragility[items] < down / p) | (fresh < c / (2 * p) / (1 - down / p))
+            return Answer(np.where(base[items], ~lose, fresh < c / (2 * (1 - p))), target)
+
+        return evaluate
+
+    return {f"f{k}": make(k) for k in range(3)}, base, crossings
+
+
+def _comparisons(families: int) -> list[list[str]]:
+    """Rows of ``bench_crossing_comparisons`` (module docstring)."""
+    rows = []
+    for scenario in ("equal", "apart"):
+        false_claim, claimed, pairs, flipped = 0, 0, 0, 0
+        for i in range(families):
+            evaluates, base, truth = _family(scenario, 10_000 + i)
+            probes = {name: search_crossing(ev, base, seed=i).probes for name, ev in evaluates.items()}
+            verdicts = [compare_crossings(probes, seed=s) for s in (0, 1)]
+            order = {f"f{k}": truth[k] for k in range(3)}
+            claims = [(c.a, c.b) for c in verdicts[0] if c.significant]
+            false_claim += any(order[a] <= order[b] for a, b in claims)
+            if scenario == "apart":
+                claimed += len(claims) - sum(order[a] <= order[b] for a, b in claims)
+                pairs += 3
+            flipped += [(c.a, c.b, c.significant) for c in verdicts[0]] != [
+                (c.a, c.b, c.significant) for c in verdicts[1]
+            ]
+        mc = math.sqrt(max(false_claim * (families - false_claim), 1) / families**3)
+        rows.append([
+            scenario, str(families), f"{100 * false_claim / families:.1f} ± {100 * mc:.1f}",
+            f"{100 * claimed / pairs:.1f}" if pairs else "n/a", f"{100 * flipped / families:.1f}",
+        ])  # fmt: skip
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--curves", type=int, default=1200, help="synthetic curves, spread evenly over the shapes")
-    parser.add_argument("--quick", action="store_true", help="12 curves, into a temporary copy of RESULTS.md")
+    parser.add_argument("--families", type=int, default=300, help="families of three functions per scenario")
+    parser.add_argument("--no-curves", action="store_true", help="only the comparisons table")
+    parser.add_argument("--quick", action="store_true", help="12 curves, 4 families, into a temporary copy")
     parser.add_argument("--results", type=Path, default=None, help="default: bench/RESULTS.md")
     args = parser.parse_args()
     args.results = results_file(args.results, args.quick)
-    curves = 12 if args.quick else args.curves
+    curves = 0 if args.no_curves else 12 if args.quick else args.curves
     outcomes: dict[tuple[str, str], list[Outcome]] = {}
     t0 = time.process_time()
+    families = 4 if args.quick else args.families
+    rows = _comparisons(families)
+    print(f"{families} families per scenario, {time.process_time() - t0:.0f} s CPU")
+    header = ["scenario", "families", "families with a false claim % (± MC)", "true pairs claimed %",
+              "claims changed by the seed %"]  # fmt: skip
+    update_table("bench_crossing_comparisons", header, rows, key=1, path=args.results)
+    if not curves:
+        return
     for i in range(curves):
         curve = _curve(SHAPES[i % len(SHAPES)], seed=i)
         for design, run in DESIGNS.items():
