@@ -535,22 +535,23 @@ def load_searches(run_dir: str | Path, keys: Sequence[str] | None = None) -> lis
 
 
 def _probes(
-    rd: RunDir, search: Search, blocks: list[Block], index: dict[str, int], base: npt.NDArray[np.int8]
+    root: Path,
+    search: Search,
+    blocks: dict[tuple[str, float, int, int], Block],
+    index: dict[str, int],
+    base: npt.NDArray[np.int8],
 ) -> list[Probe]:
-    """The probes of ``search`` with their per-item answers, read back from the run's stored blocks (item indices
-    are positions in ``index``, the baseline cell's items)."""
+    """The probes of ``search`` with their per-item answers, from the run's stored ``blocks`` (keyed by score,
+    threshold, block index and length; item indices are positions in ``index``, the baseline cell's items)."""
     size = search.design.block_size
-    by_key = {(b.score, b.threshold, b.block, len(b.ids)): b for b in blocks}
     out = []
     for p in search.probes:
         ids: list[str] = []
         correct: list[bool] = []
         for k in range(math.ceil(p.items / size)):
-            block = by_key.get((search.score, p.threshold, k, min(size, search.n_items - k * size)))
+            block = blocks.get((search.score, p.threshold, k, min(size, search.n_items - k * size)))
             if block is None:
-                raise InactiveHeadsError(
-                    f"{rd.root}: block {k} of {search.score} at threshold {p.threshold} is missing"
-                )
+                raise InactiveHeadsError(f"{root}: block {k} of {search.score} at threshold {p.threshold} is missing")
             ids += block.ids
             correct += block.correct
         items = np.array([index[i] for i in ids[: p.items]], dtype=np.int64)
@@ -572,8 +573,12 @@ def stored_probes(run_dir: str | Path, searches: Sequence[Search]) -> dict[str, 
     index = {item: i for i, item in enumerate(baseline.per_item["ids"])}
     base = np.asarray(baseline.correct(), dtype=np.int8)
     digest = run_digest(rd.read_run())
-    blocks = [b for _, b in _block_store(rd).load(Block.from_json) if b.run == digest]
-    return {s.score: _probes(rd, s, blocks, index, base) for s in searches}
+    blocks = {
+        (b.score, b.threshold, b.block, len(b.ids)): b
+        for _, b in _block_store(rd).load(Block.from_json)
+        if b.run == digest
+    }
+    return {s.score: _probes(rd.root, s, blocks, index, base) for s in searches}
 
 
 def compare_searches(run_dir: str | Path, searches: Sequence[Search], *, seed: int = 0) -> list[Comparison]:
