@@ -267,6 +267,56 @@ def test_a_study_kept_without_its_calibration_scores_resumes_from_its_thresholds
     assert all(before[p] == _snapshot(out)[p] for p in before)
 
 
+def test_compact_scores_are_float16_copies_that_reports_read_alone(local_run, workspace, tmp_path):
+    """``compact_scores = true`` keeps each run's scores of the study's functions as float16. Reports read the copy
+    wherever it is, so removing the full scores changes no report byte and needs no calibration pass."""
+    from safetensors import safe_open
+
+    out = tmp_path / "study"
+    shutil.copytree(local_run.out, out, copy_function=shutil.copy2)
+    study_file = _study_file(workspace, "tiny", extra="compact_scores = true")
+    first = ih.study(study_file, out, progress=False)
+    assert first.computed == first.calibrated == 0
+    runs = sorted((out / "runs").iterdir())
+    for r in runs:
+        rd = RunDir(r)
+        full = rd.read_scores()
+        assert full is not None
+        with safe_open(str(rd.compact_scores_path), "pt") as f:
+            names = f.keys()
+            assert sorted(names) == ["ahon_ln", "ahon_sq"]
+            assert {f.get_slice(k).get_dtype() for k in names} == {"F16"}
+        kept = load_run(r).scores
+        assert kept is not None and kept.meta == full.meta
+        derived = full.derive(["ahon_sq"])
+        for name in ("ahon_ln", "ahon_sq"):
+            assert kept[name].dtype == torch.float32
+            assert torch.equal(kept[name], derived[name].half().float())
+    report = {p.name: p.read_bytes() for p in (out / "report").glob("*.md")}
+    assert "## Overlap between score functions" in report["report.md"].decode()
+    for r in runs:
+        RunDir(r).scores_path.unlink()
+    again = ih.study(study_file, out, progress=False)
+    assert again.computed == again.calibrated == 0
+    assert not list((out / "runs").glob("*/calibration/scores.safetensors"))  # no calibration pass ran
+    assert {p.name: p.read_bytes() for p in (out / "report").glob("*.md")} == report
+
+
+def test_a_compact_copy_refuses_scores_beyond_float16(tmp_path):
+    rd = RunDir(tmp_path / "run")
+    scores = ih.HeadScores({"ahon": torch.tensor([[[1.0, 7e4]]]), "random": torch.tensor([[[0.5, 0.5]]])})
+    rd.scores_path.parent.mkdir(parents=True)
+    scores.save(rd.scores_path)
+    rd.write_meta({"run": "x"})
+    assert rd.write_compact_scores(["random"])
+    with pytest.raises(ih.InactiveHeadsError, match="exceeds float16's range; keep the full scores"):
+        rd.write_compact_scores(["ahon"])
+    with pytest.raises(ih.InactiveHeadsError, match="float32 or float16"):
+        scores.save(tmp_path / "x.safetensors", dtype=torch.bfloat16)
+    rd.scores_path.unlink()
+    assert not rd.write_compact_scores(["random"])  # nothing to copy from
+
+
 def test_processes_sharing_a_study_take_other_cells_instead_of_waiting(local_run, workspace, tmp_path):
     """A cell another process holds is left for last: this one evaluates every other cell meanwhile, then waits for
     it (and evaluates it itself when that process ends without storing it)."""

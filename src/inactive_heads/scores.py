@@ -247,14 +247,17 @@ class HeadScores(Mapping[str, torch.Tensor]):
             out[name] = spec(stats).reshape(rows, layers, heads).to(torch.float32)
         return HeadScores(out, self.meta)
 
-    def save(self, path: str | Path) -> None:
-        """Write ``path`` (safetensors, metadata inside) atomically."""
+    def save(self, path: str | Path, *, dtype: torch.dtype = torch.float32) -> None:
+        """Write ``path`` (safetensors, metadata inside) atomically; ``dtype`` (float32 or float16) is what the
+        file stores (:meth:`load` reads either back as float32)."""
         from safetensors.torch import save
 
         from .atomic import atomic_write_bytes
 
-        blob = save({k: v.contiguous() for k, v in self._tensors.items()}, {"meta": json.dumps(self.meta)})
-        atomic_write_bytes(Path(path), blob)
+        if dtype not in (torch.float32, torch.float16):
+            raise InactiveHeadsError(f"scores are stored as float32 or float16, got {dtype}")
+        tensors = {k: v.to(dtype).contiguous() for k, v in self._tensors.items()}
+        atomic_write_bytes(Path(path), save(tensors, {"meta": json.dumps(self.meta)}))
 
     @classmethod
     def load(cls, path: str | Path) -> HeadScores:

@@ -5,6 +5,9 @@ Layout::
     run.json                        the run record, see RUN_FIELDS: {model: {name, identity}, task, task_items,
                                      evaluation (EvalConfig.identity()), package_version, n_layers, n_heads}
     calibration/scores.safetensors  HeadScores.save of the calibration pass
+    calibration/scores.float16.safetensors
+                                    optional compact copy: the scores a study names, as float16, small enough to
+                                     commit; reports read it in preference to the full file (see read_report_scores)
     calibration/meta.json           written last: its presence marks a complete calibration
     calibration/thresholds.json     the thresholds cells were planned with: {calibration (the identity fields of
                                      meta.json), scores: {name: {definition, targets: {p: threshold}}}}; cell keys
@@ -335,6 +338,10 @@ class RunDir:
         return self.root / "calibration" / "scores.safetensors"
 
     @property
+    def compact_scores_path(self) -> Path:
+        return self.root / "calibration" / "scores.float16.safetensors"
+
+    @property
     def meta_path(self) -> Path:
         return self.root / "calibration" / "meta.json"
 
@@ -421,6 +428,33 @@ class RunDir:
         if self.read_meta() is None or not self.scores_path.is_file():
             return None
         return HeadScores.load(self.scores_path)
+
+    def write_compact_scores(self, names: Sequence[str]) -> bool:
+        """Write the compact copy of the calibration: scores ``names`` (derived where needed) as float16. Returns
+        False, writing nothing, when the full scores are not stored. Thresholds are never taken from the copy (new
+        ones come from the full scores), so its rounding (a relative 5e-4) reaches only the report's analyses."""
+        scores = self.read_scores()
+        if scores is None:
+            return False
+        try:
+            derived = scores.derive(names)
+        except KeyError as e:
+            raise InactiveHeadsError(f"{self.root}: {e.args[0]}; calibrate again in a new run directory") from None
+        kept = HeadScores({n: derived[n] for n in names}, derived.meta)
+        for n in names:
+            values = kept[n]
+            if bool((values.isfinite() & ~values.to(torch.float16).isfinite()).any()):
+                raise InactiveHeadsError(f"{self.root}: score {n!r} exceeds float16's range; keep the full scores")
+        kept.save(self.compact_scores_path, dtype=torch.float16)
+        return True
+
+    def read_report_scores(self) -> HeadScores | None:
+        """The calibration scores a report analyses: the compact copy where one is kept (so a clone that holds only
+        the copy reports the same numbers as the machine that calibrated), else the full scores; None when neither
+        is stored or no calibration has completed."""
+        if self.read_meta() is not None and self.compact_scores_path.is_file():
+            return HeadScores.load(self.compact_scores_path)
+        return self.read_scores()
 
     def read_calibration(self, score: str | None = None) -> HeadScores:
         """The scores of the completed calibration, with ``score`` derived when it was registered after calibrating;
@@ -531,4 +565,4 @@ def load_run(run_dir: str | Path, keys: Iterable[str] | None = None) -> RunData:
     if foreign:
         warnings.warn(f"{rd.root}: ignored {foreign} cell(s) made for another run", stacklevel=2)
     meta = rd.read_meta()
-    return RunData(rd.root, run, cells, rd.read_scores(), {} if meta is None else meta)
+    return RunData(rd.root, run, cells, rd.read_report_scores(), {} if meta is None else meta)

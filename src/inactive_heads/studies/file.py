@@ -88,6 +88,8 @@ class Study:
     plugins: tuple[str, ...] = ()
     pairs: tuple[tuple[str, str], ...] = ()
     series: tuple[tuple[str, tuple[str, ...]], ...] = ()
+    # Keep each run's calibration scores of the study's functions as float16 (calibration/scores.float16.safetensors).
+    compact_scores: bool = False
 
     @property
     def max_cells(self) -> int:
@@ -113,6 +115,12 @@ class Study:
     def scores_of(self, task: StudyTask) -> tuple[str, ...]:
         """The score functions of ``task``'s grid: its own list, else the study's."""
         return self.scores if task.scores is None else task.scores
+
+    def scores_in_run(self, model: StudyModel, task: StudyTask) -> tuple[str, ...]:
+        """The score functions of every task sharing (model, task)'s run directory, in the file's order."""
+        name = self.run_name(model, task)
+        found = [s for m, t in self.runs() if m is model and self.run_name(m, t) == name for s in self.scores_of(t)]
+        return tuple(dict.fromkeys(found))
 
     def targets_of(self, task: StudyTask) -> tuple[float, ...]:
         """The target fractions of ``task``'s grid: its own list, else the study's."""
@@ -311,6 +319,7 @@ def parse_study(
     name = top.get("name", str, default_name)
     seed = top.get("seed", int, 0)
     batch_size = top.count("batch_size", 1, 8)
+    compact_scores = top.get("compact_scores", bool, False)
     data_dir = top.get("data_dir", str, None)
     if data_dir is not None:
         data_dir = _path(data_dir, base, lambda m: top.fail("data_dir", m))
@@ -422,6 +431,7 @@ def parse_study(
         plugins=plugins,
         pairs=tuple(pairs),
         series=tuple(series),
+        compact_scores=compact_scores,
     )
 
 

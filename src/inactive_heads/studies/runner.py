@@ -35,6 +35,7 @@ from ..runs.adaptive import load_searches, search_key, search_score
 from ..runs.directory import Cell, RunDir, run_digest
 from ..runs.jobs import PlannedCell, calibrate, compute_cell, plan_cells
 from ..runs.store import package_version
+from ..scores import HeadScores
 from ..tasks import DATA_ENV, Task, get_task
 from .executors import EXECUTORS, Bar, Executor, Job, WorkerGroup
 from .file import Study, StudyModel, StudyTask, load_study
@@ -261,8 +262,15 @@ class _Plan:
         cells = self.planned(run.task, run.dir)
         if cells is None:
             return [_Calibrate(run)]
-        rescore = report and not RunDir(run.dir).scores_path.is_file()
+        rescore = report and not RunDir(run.dir).scores_path.is_file() and not self.kept(run)
         return self.cells(run, cells) + ([_Calibrate(run, scores_only=True)] if rescore else [])
+
+    def kept(self, run: _Run) -> bool:
+        """Whether ``run``'s compact calibration scores hold every score function of its directory (then a report
+        needs no new calibration pass)."""
+        path = RunDir(run.dir).compact_scores_path
+        wanted = self.spec.scores_in_run(run.model, run.task)
+        return self.spec.compact_scores and path.is_file() and set(wanted) <= set(HeadScores.load(path))
 
     def cells(self, run: _Run, cells: list[PlannedCell] | None = None) -> list[Job]:
         """Jobs for the cells of calibrated ``run`` (``cells``: its planned cells, when planned already) that are
@@ -445,6 +453,9 @@ def study(
                 if bar is not None:
                     bar.close()
 
+    if spec.compact_scores:
+        for r in {r.dir: r for r in runs}.values():  # a directory's full scores, where stored, give its copy
+            RunDir(r.dir).write_compact_scores(spec.scores_in_run(r.model, r.task))
     report_path, no_report = None, None if report else "not asked for"
     if report:
         from ..report.writer import write_study_report
