@@ -250,11 +250,26 @@ def test_adaptive_study_end_to_end(tmp_path, capsys):
         assert "0 evaluated now" in (printed := capsys.readouterr().out) and "3 searches (0 run now)" in printed
         assert main(["study", str(tmp_path / "study.toml"), "--out", str(out), "--status"]) == 0
         status = capsys.readouterr().out
+        # Kept without its full scores (as committed), a run whose search now probes a fraction with no recorded
+        # threshold records its scores again (its calibration record unchanged), then searches.
+        kept = {
+            d: (RunDir(d).meta_path.read_bytes(), len(RunDir(d).thresholds_path.read_bytes()))
+            for d in out.glob("runs/*")
+        }
+        for d in kept:
+            RunDir(d).scores_path.unlink()
+        deeper = tmp_path / "deeper.toml"
+        deeper.write_text((tmp_path / "study.toml").read_text().replace("max_probes = 2", "max_probes = 4"))
+        assert main(["study", str(deeper), "--out", str(out), "--no-report"]) == 0
+        assert "3 searches (3 run now)" in capsys.readouterr().out
+        grew = [d for d, (_, size) in kept.items() if len(RunDir(d).thresholds_path.read_bytes()) > size]
+        assert grew and all(RunDir(d).scores_path.is_file() for d in grew)  # new thresholds, from scores recorded again
+        assert all(RunDir(d).meta_path.read_bytes() == meta for d, (meta, _) in kept.items())
     finally:
         _TASKS.pop("recall_tiny", None)
     assert "searches stored" in status and "2/2" in status and "3 of 3 searches stored" in status
     [searched] = [d for d in (out / "runs").iterdir() if list(RunDir(d).searches_path.glob("*.json"))]
-    found = load_searches(searched)
+    found = [s for s in load_searches(searched) if s.design.max_probes == 2]  # the first study's
     assert [(s.design.kind, s.score) for s in found] == [
         ("adaptive", "ahon"),
         ("adaptive", "random"),

@@ -30,6 +30,7 @@ from .store import cell_key
 __all__ = [
     "CalibrationItems",
     "PlannedCell",
+    "ScoresNotStored",
     "calibrate",
     "compute_cell",
     "plan_cells",
@@ -37,6 +38,12 @@ __all__ = [
     "score_names",
     "sweep",
 ]
+
+
+class ScoresNotStored(FileNotFoundError):
+    """A threshold is needed that the run's thresholds record lacks, and the calibration scores it would come from
+    are not stored (a run kept without them): record them again into the run directory (``calibrate``)."""
+
 
 #: Which items a calibration records: the evaluated ones (the paper's protocol) or others of the same task.
 CalibrationItems = Literal["same", "heldout"]
@@ -219,7 +226,7 @@ def planned_thresholds(rd: RunDir, names: list[str], ps: list[float]) -> dict[st
     if missing:
         cal = rd.read_scores()
         if cal is None:
-            raise FileNotFoundError(
+            raise ScoresNotStored(
                 f"{rd.root}: the calibration scores are not stored and the thresholds of {missing} at {ps} are not "
                 "recorded; calibrate again into this directory (the study command does this itself)"
             )

@@ -33,7 +33,7 @@ from ..errors import InactiveHeadsError, UnknownNameError
 from ..evaluation import EvalConfig
 from ..runs.adaptive import load_searches, search_key, search_score
 from ..runs.directory import Cell, RunDir, run_digest
-from ..runs.jobs import PlannedCell, calibrate, compute_cell, plan_cells
+from ..runs.jobs import PlannedCell, ScoresNotStored, calibrate, compute_cell, plan_cells
 from ..runs.store import package_version
 from ..scores import HeadScores
 from ..tasks import DATA_ENV, Task, get_task
@@ -205,7 +205,8 @@ class _Search:
 
     def __call__(self, worker: _Worker, bar: Bar) -> Any:
         r, t = self.run, self.run.task
-        return search_score(
+        search = partial(
+            search_score,
             worker.model,
             worker.tokenizer,
             worker.task(t.name, t.source, r.data_dir),
@@ -216,6 +217,11 @@ class _Search:
             progress=partial(r.bar, bar) if r.progress else False,
             wait=self.wait,
         )
+        try:
+            return search()
+        except ScoresNotStored:  # a probe at a new fraction in a run kept without its scores: record them, replay
+            _Calibrate(r, scores_only=True)(worker, bar)
+            return search()
 
 
 def _executor(executor: str | Executor, address: str | None) -> Executor:
