@@ -250,6 +250,14 @@ def test_adaptive_study_end_to_end(tmp_path, capsys):
         assert "0 evaluated now" in (printed := capsys.readouterr().out) and "3 searches (0 run now)" in printed
         assert main(["study", str(tmp_path / "study.toml"), "--out", str(out), "--status"]) == 0
         status = capsys.readouterr().out
+        # Another adaptive task of the same run with another function: none of the stored searches is its own.
+        other = tmp_path / "other.toml"
+        other.write_text(
+            (tmp_path / "study.toml").read_text()
+            + '[[tasks]]\nname = "recall_tiny"\ndesign = "adaptive"\nscores = ["awft"]\nsearch = { tolerance = 0.05 }\n'
+        )
+        rows = ih.study_status(other, out)
+        assert [len(r.search_seconds) for r in rows] == [0, 2, 1, 0] and rows[1].searches == 2
         # Kept without its full scores (as committed), a run whose search now probes a fraction with no recorded
         # threshold records its scores again (its calibration record unchanged), then searches.
         kept = {

@@ -349,6 +349,7 @@ def study_status(study: str | Path | Study, out: str | Path | None = None, limit
         keys = [c.key for c in planned or ()]
         cells = [c for _, c in rd.cell_store().load(Cell.from_json, keys)]
         searched = [] if not calibrated or t.search is None else load_searches(rd.root)
+        scores = spec.scores_of(t)  # designs searching one run share its directory: count this task's own
         design = t.search
         probes = 0 if design is None else len(design.targets or ()) or design.max_probes
         share = 1.0 if design is None or design.max_items is None or t.limit is None else design.max_items / t.limit
@@ -361,7 +362,7 @@ def study_status(study: str | Path | Study, out: str | Path | None = None, limit
                 planned=len(keys) if calibrated else spec.grid_cells(t),
                 cell_seconds=tuple(float(c.seconds) for c in cells),
                 searches=spec.searches(t),
-                search_seconds=tuple(s.seconds for s in searched if s.design == design),
+                search_seconds=tuple(s.seconds for s in searched if s.design == design and s.score in scores),
                 search_cells=probes * min(share, 1.0),
             )
         )
