@@ -8,6 +8,8 @@ import dataclasses
 import io
 import json
 import random
+import re
+import shlex
 import textwrap
 
 import pytest
@@ -17,6 +19,7 @@ from _tiny import tiny_model, tiny_tokenizer
 import inactive_heads as ih
 import inactive_heads.evaluation as evaluation
 from inactive_heads.cli import main
+from inactive_heads.report.quotes import check_quotes, unquoted_intervals
 from inactive_heads.report.writer import write_report
 from inactive_heads.runs.adaptive import (
     Search,
@@ -26,7 +29,7 @@ from inactive_heads.runs.adaptive import (
     search_score,
     stored_probes,
 )
-from inactive_heads.runs.directory import RunDir
+from inactive_heads.runs.directory import RunDir, score_label
 from inactive_heads.scores import _SCORE_FUNCTIONS
 from inactive_heads.stats.crossing import fit_crossing, format_crossing
 from inactive_heads.studies.file import StudyFileError, parse_study
@@ -121,6 +124,40 @@ def test_stored_probes_are_what_the_search_fitted_and_pairs_are_compared(run, tm
     assert pair.significant == (pair.p <= 0.05 and pair.stable)
     md, _ = write_report([run_dir], tmp_path / "report")
     assert "Holm's step-down correction over the" in md.read_text()
+
+
+def test_a_reading_s_quotes_are_checked_against_the_stored_searches(run, tmp_path):
+    model, tok, task, run_dir = run
+    found = {s: search_score(model, tok, task, run_dir, s, _DESIGN, batch_size=8) for s in ("ahon", "awft")}
+    record = RunDir(run_dir).read_run()
+    name, on = shlex.quote(record["model"]["name"]), record["task"]
+    [pair] = compare_searches(run_dir, [s for s in load_searches(run_dir) if s.design == _DESIGN])  # as stored
+    first = found["awft"].probes[0]
+    reading = tmp_path / "reading.md"
+    reading.write_text(
+        f"AHON: <!-- q crossing {name} {on} ahon -->{format_crossing(found['ahon'].crossing)}, after "
+        f"<!-- q items {name} {on} ahon -->{found['ahon'].items_evaluated:,} item evaluations.\n"
+        f"AWFT first probed <!-- q probe {name} {on} awft 1 -->{100 * first.fraction:.1f}% of heads: wrong.\n"
+        f"<!-- q compare {name} {on} awft ahon -->{score_label(pair.a)} over\n"
+        "An unchecked interval [1.0, 2.5].\n"
+    )
+    quotes = check_quotes(reading, run_dir.parent)
+    assert [(q.line, q.ok) for q in quotes] == [(1, True), (1, True), (2, False), (3, False)]
+    assert quotes[2].expected.endswith(f"pts ({first.items:,} items, {first.decision})")
+    assert quotes[3].expected.startswith(f"{score_label(pair.a)} over {score_label(pair.b)}: ")
+    assert f"Holm p {pair.p_holm:.3f}" in quotes[3].expected
+    assert unquoted_intervals(reading, quotes) == [(4, "[1.0, 2.5]")]  # the crossing's interval is quoted
+    for bad, message in (
+        (f"<!-- q crossing {name} {on} fhon -->", "no stored adaptive search of fhon"),
+        (f"<!-- q crossing nobody {on} ahon -->", "no run of nobody on"),
+        (f"<!-- q probe {name} {on} ahon 99 -->", "probe N counts from 1"),
+        (f"<!-- q crossing {name} {on} ahon grid -->", "design must be one of adaptive, sequential-grid"),
+        ("<!-- q mean x -->", "unknown quote 'mean'; one of crossing, probe, compare, items"),
+        (f"<!-- q crossing {name} -->", "wrong arguments"),
+    ):
+        reading.write_text(f"text\n{bad}")
+        with pytest.raises(ih.InactiveHeadsError, match=re.escape(f"{reading}:2: ") + ".*" + re.escape(message)):
+            check_quotes(reading, run_dir.parent)
 
 
 def test_censored_and_not_applicable_in_the_report(run, tmp_path):

@@ -8,14 +8,23 @@ import csv
 import io
 from collections.abc import Sequence
 
-from ..runs.adaptive import Search, compare_searches, load_searches
+from ..runs.adaptive import ProbeRecord, Search, compare_searches, load_searches
 from ..runs.directory import RunData, score_label
-from ..stats.crossing import format_crossing
+from ..stats.crossing import Comparison, format_crossing
 from .document import Document
 from .figures import crossing_figure, png
 from .tables import calibration_label
 
-__all__ = ["CROSSING_NOTE", "crossing_ranks", "crossings_across", "crossings_csv", "crossings_section"]
+__all__ = [
+    "CROSSING_NOTE",
+    "crossing_ranks",
+    "crossings_across",
+    "crossings_csv",
+    "crossings_section",
+    "difference_text",
+    "probe_change_text",
+    "verdict_text",
+]
 
 CROSSING_NOTE = (
     "Crossing: the largest realised fraction of heads zeroed at which expected accuracy stays within the tolerance "
@@ -46,6 +55,20 @@ def _design_text(s: Search) -> str:
         f"{s.design.kind} design: {where}, {items} per probe in blocks of {d.block_size}, tolerance "
         f"{100 * d.tolerance:g} pt, each probe's test at alpha {d.alpha:g}"
     )
+
+
+def probe_change_text(p: ProbeRecord) -> str:
+    """A probe's accuracy change to baseline in points with its confidence sequence at the last look."""
+    return f"{100 * p.mean:+.1f} [{100 * p.looks[-1].low:+.1f}, {100 * p.looks[-1].high:+.1f}]"
+
+
+def difference_text(c: Comparison) -> str:
+    """A pair's difference in points of heads; blank where a crossing is censored (only the order is known)."""
+    return "" if c.difference != c.difference else f"{100 * c.difference:+.1f}"
+
+
+def verdict_text(c: Comparison) -> str:
+    return "significant" if c.significant else ("not significant" if c.stable else "too close to call")
 
 
 def crossing_ranks(searches: Sequence[Search]) -> dict[str, float]:
@@ -100,7 +123,7 @@ def crossings_section(doc: Document, run: RunData, tag: str) -> bool:
                     f"{100 * p.fraction:.1f}",
                     str(p.items),
                     str(len(p.looks)),
-                    f"{100 * p.mean:+.1f} [{100 * p.looks[-1].low:+.1f}, {100 * p.looks[-1].high:+.1f}]",
+                    probe_change_text(p),
                     p.decision,
                     p.stop.replace("_", " "),
                 ]
@@ -131,13 +154,13 @@ def _comparisons(doc: Document, run: RunData, searches: Sequence[Search]) -> Non
             [
                 score_label(c.a),
                 score_label(c.b),
-                "" if c.difference != c.difference else f"{100 * c.difference:+.1f}",
+                difference_text(c),
                 f"{c.share:.3f}",
                 f"{c.p:.3f}",
                 f"{c.p_holm:.3f}",
                 f"{c.mc_se:.3f}",
                 f"{c.resamples:,}",
-                "significant" if c.significant else ("not significant" if c.stable else "too close to call"),
+                verdict_text(c),
             ]
             for c in found
         ],

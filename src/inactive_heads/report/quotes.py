@@ -1,0 +1,163 @@
+"""Numbers a hand-written reading of a study quotes, each checked against the study's stored runs.
+
+A reading marks every number it takes from the runs with an HTML comment (invisible once rendered) naming what it
+quotes; the text right after the marker must begin with that number as the report formats it::
+
+    AWFT's crossing on PIQA is <!-- q crossing SmolLM2-135M-Instruct piqa awft -->26.3% [0.0, 87.5].
+
+Quotes (``MODEL`` is a run's model name, ``TASK`` its task, ``DESIGN`` ``adaptive`` (default) or
+``sequential-grid``, the search design whose record is read):
+
+- ``crossing MODEL TASK SCORE [DESIGN]``: the crossing with its 95% interval (``26.3% [0.0, 87.5]``, ``> 87.5% [...]``
+  or ``n/a``);
+- ``probe MODEL TASK SCORE N [DESIGN]``: the N-th probe run (from 1): ``20.1% of heads: -0.7 [-2.6, +1.2] pts
+  (1,838 items, undecided)``, the accuracy change with its confidence sequence at the last look;
+- ``compare MODEL TASK A B [DESIGN]``: the pairwise test of the two functions (either order): ``AWFT over random:
+  +12.3 pts of heads, Holm p 0.004 (significant)``;
+- ``items MODEL TASK SCORE [DESIGN]``: the item evaluations the search spent (``8,052``).
+
+:func:`check_quotes` returns every quote with what the runs give; :func:`unquoted_intervals` finds bracketed
+intervals outside any quote (a reading that claims only what holds quotes each one).
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+
+from ..errors import InactiveHeadsError
+from ..runs.adaptive import Search, SearchDesign, compare_searches, load_searches
+from ..runs.directory import RunDir, score_label
+from ..stats.crossing import Comparison, format_crossing
+from .crossings import difference_text, probe_change_text, verdict_text
+
+__all__ = ["QUOTE_KINDS", "Quote", "check_quotes", "unquoted_intervals"]
+
+_MARKER = re.compile(r"<!--\s*q\s+(.*?)\s*-->")
+_INTERVAL = re.compile(r"\[[-+]?\d[\d.,]*%?,\s*(?:> ?)?[-+]?\d[\d.,]*%?\]")
+_DESIGNS = {"adaptive": "adaptive", "sequential-grid": "sequential grid"}
+
+
+@dataclass(frozen=True)
+class Quote:
+    """One marked quote: its ``line`` (from 1), the ``query`` inside the marker, what the runs give (``expected``)
+    and the text following the marker (as long as ``expected``, to compare); ``ok`` when they match."""
+
+    line: int
+    offset: int  # of the quoted text in the file
+    query: str
+    expected: str
+    found: str
+
+    @property
+    def ok(self) -> bool:
+        return self.found == self.expected
+
+
+class _Runs:
+    """The study's run directories by (model name, task), their searches read once."""
+
+    def __init__(self, runs_dir: Path):
+        self.dirs: dict[tuple[str, str], list[Path]] = {}
+        for d in sorted(p for p in runs_dir.iterdir() if (p / "run.json").is_file()):
+            run = RunDir(d).read_run()
+            self.dirs.setdefault((run["model"]["name"], run["task"]), []).append(d)
+        self.searches = cache(load_searches)
+        self.comparisons = cache(self._compare)
+
+    def _compare(self, run_dir: Path, design: SearchDesign) -> list[Comparison]:
+        return compare_searches(run_dir, [s for s in self.searches(run_dir) if s.design == design])
+
+    def search(self, model: str, task: str, score: str, design: str) -> tuple[Path, Search]:
+        found = [(d, s) for d in self._dirs(model, task) for s in self.searches(d) if s.score == score]
+        found = [(d, s) for d, s in found if s.design.kind == _design(design)]
+        if len(found) != 1:
+            what = "no" if not found else f"{len(found)}"
+            raise InactiveHeadsError(f"{what} stored {design} search of {score} for {model} on {task}")
+        return found[0]
+
+    def _dirs(self, model: str, task: str) -> list[Path]:
+        dirs = self.dirs.get((model, task))
+        if not dirs:
+            known = ", ".join(f"{m} {t}" for m, t in sorted(self.dirs))
+            raise InactiveHeadsError(f"no run of {model} on {task}; the runs are: {known}")
+        return dirs
+
+
+def _design(name: str) -> str:
+    if name not in _DESIGNS:
+        raise InactiveHeadsError(f"design must be one of {', '.join(_DESIGNS)}, got {name!r}")
+    return _DESIGNS[name]
+
+
+def _crossing(runs: _Runs, model: str, task: str, score: str, design: str = "adaptive") -> str:
+    return format_crossing(runs.search(model, task, score, design)[1].crossing)
+
+
+def _probe(runs: _Runs, model: str, task: str, score: str, n: str, design: str = "adaptive") -> str:
+    probes = runs.search(model, task, score, design)[1].probes
+    if not n.isdigit() or not 1 <= int(n) <= len(probes):
+        raise InactiveHeadsError(f"probe N counts from 1 to {len(probes)} (the search's probes), got {n!r}")
+    p = probes[int(n) - 1]
+    return f"{100 * p.fraction:.1f}% of heads: {probe_change_text(p)} pts ({p.items:,} items, {p.decision})"
+
+
+def _compare(runs: _Runs, model: str, task: str, a: str, b: str, design: str = "adaptive") -> str:
+    run_dir, first = runs.search(model, task, a, design)
+    found = [c for c in runs.comparisons(run_dir, first.design) if {c.a, c.b} == {a, b}]
+    if not found:
+        raise InactiveHeadsError(f"{a} and {b} are not compared for {model} on {task} (one zeroes no head?)")
+    c = found[0]
+    difference = difference_text(c)
+    what = f"{difference} pts of heads" if difference else "order only (a crossing is censored)"
+    return f"{score_label(c.a)} over {score_label(c.b)}: {what}, Holm p {c.p_holm:.3f} ({verdict_text(c)})"
+
+
+def _items(runs: _Runs, model: str, task: str, score: str, design: str = "adaptive") -> str:
+    return f"{runs.search(model, task, score, design)[1].items_evaluated:,}"
+
+
+#: Each quote kind and its function of the runs and the marker's arguments.
+QUOTE_KINDS: dict[str, Callable[..., str]] = {
+    "crossing": _crossing,
+    "probe": _probe,
+    "compare": _compare,
+    "items": _items,
+}
+
+
+def check_quotes(reading: str | Path, runs_dir: str | Path) -> list[Quote]:
+    """Every marked quote of the reading (a Markdown file) with what the study's runs (``runs_dir``: the run
+    directories) give; InactiveHeadsError naming the line for a marker that does not parse or names nothing
+    stored."""
+    text = Path(reading).read_text()
+    runs = _Runs(Path(runs_dir))
+    quotes = []
+    for m in _MARKER.finditer(text):
+        line = text.count("\n", 0, m.start()) + 1
+        try:
+            kind, *args = shlex.split(m.group(1))
+            if kind not in QUOTE_KINDS:
+                raise InactiveHeadsError(f"unknown quote {kind!r}; one of {', '.join(QUOTE_KINDS)}")
+            expected = QUOTE_KINDS[kind](runs, *args)
+        except TypeError:
+            raise InactiveHeadsError(f"{reading}:{line}: wrong arguments in <!-- q {m.group(1)} -->") from None
+        except (InactiveHeadsError, ValueError) as e:
+            raise InactiveHeadsError(f"{reading}:{line}: {e}") from None
+        quotes.append(Quote(line, m.end(), m.group(1), expected, text[m.end() : m.end() + len(expected)]))
+    return quotes
+
+
+def unquoted_intervals(reading: str | Path, quotes: Sequence[Quote]) -> list[tuple[int, str]]:
+    """Bracketed intervals (``[0.0, 87.5]``, ``[-2.6, +1.2]``) that no matching quote of ``quotes`` (the reading's,
+    from :func:`check_quotes`) covers, with their line: numbers the reading states without a check."""
+    text = Path(reading).read_text()
+    return [
+        (text.count("\n", 0, m.start()) + 1, m.group(0))
+        for m in _INTERVAL.finditer(text)
+        if not any(q.ok and q.offset <= m.start() and m.end() <= q.offset + len(q.expected) for q in quotes)
+    ]
