@@ -20,6 +20,7 @@ import inactive_heads as ih
 import inactive_heads.evaluation as evaluation
 from inactive_heads.cli import main
 from inactive_heads.report.quotes import check_quotes, unquoted_intervals
+from inactive_heads.report.tables import analysed_scores, analysis_targets, run_overlaps, threshold_table
 from inactive_heads.report.writer import write_report
 from inactive_heads.runs.adaptive import (
     Search,
@@ -29,9 +30,10 @@ from inactive_heads.runs.adaptive import (
     search_score,
     stored_probes,
 )
-from inactive_heads.runs.directory import RunDir, score_label
+from inactive_heads.runs.directory import RunDir, load_run, score_label
 from inactive_heads.scores import _SCORE_FUNCTIONS
 from inactive_heads.stats.crossing import fit_crossing, format_crossing
+from inactive_heads.stats.thresholds import thresholds_from_cdf
 from inactive_heads.studies.file import StudyFileError, parse_study
 from inactive_heads.tasks import _TASKS, pinned
 from inactive_heads.tasks.recall import recall_task
@@ -158,6 +160,30 @@ def test_a_reading_s_quotes_are_checked_against_the_stored_searches(run, tmp_pat
         reading.write_text(f"text\n{bad}")
         with pytest.raises(ih.InactiveHeadsError, match=re.escape(f"{reading}:2: ") + ".*" + re.escape(message)):
             check_quotes(reading, run_dir.parent)
+
+
+def test_calibration_analyses_cover_searched_functions(run, tmp_path):
+    """A run that searches has no grid cells: its overlap and threshold analyses cover the searched functions at
+    the default targets, thresholds taken from the calibration scores as a sweep takes them."""
+    model, tok, task, run_dir = run
+    for s in ("ahon", "awft"):
+        search_score(model, tok, task, run_dir, s, _DESIGN, batch_size=8)
+    other = dataclasses.replace(recall_task(n_items=24, seed=2, n_words=6), name="recall_other")
+    other_dir = tmp_path / "other"
+    ih.calibrate(model, tok, other, other_dir, batch_size=8, progress=False)
+    search_score(model, tok, other, other_dir, "awft", _DESIGN, batch_size=8)
+    first, second = load_run(run_dir), load_run(other_dir)
+    assert first.score_names == [] and analysed_scores(first)[:2] == ["awft", "ahon"]
+    assert analysis_targets(first) == [0.05, 0.1, 0.15, 0.2, 0.25, 0.3]
+    assert [o.target for o in run_overlaps(first, analysis_targets(first), n_resamples=20)] == analysis_targets(first)
+    header, rows = threshold_table([first, second], n_resamples=20)
+    assert header[2:4] == ["threshold on recall", "threshold on recall_other"]
+    assert [(r[0], r[1]) for r in rows] == [("AWFT", f"{t:g}") for t in analysis_targets(first)]  # searched in both
+    assert first.scores is not None
+    wanted = thresholds_from_cdf(
+        first.scores["awft"], ih.SCORE_FUNCTIONS["awft"].inactive_when, analysis_targets(first)
+    )
+    assert [r[2] for r in rows] == [f"{t:.4g}" for t in wanted]
 
 
 def test_censored_and_not_applicable_in_the_report(run, tmp_path):

@@ -29,9 +29,9 @@ from conftest import temporary_registrations
 import inactive_heads as ih
 from inactive_heads.cli import main
 from inactive_heads.report.figures import delta_figure
-from inactive_heads.report.tables import run_bootstrap
+from inactive_heads.report.tables import run_bootstrap, threshold_table
 from inactive_heads.report.writer import write_study_report
-from inactive_heads.runs.directory import Cell, RunDir, load_run
+from inactive_heads.runs.directory import Cell, RunDir, load_run, score_label
 from inactive_heads.runs.jobs import plan_cells
 from inactive_heads.studies.executors import LocalExecutor, RayExecutor
 
@@ -300,6 +300,24 @@ def test_compact_scores_are_float16_copies_that_reports_read_alone(local_run, wo
     assert again.computed == again.calibrated == 0
     assert not list((out / "runs").glob("*/calibration/scores.safetensors"))  # no calibration pass ran
     assert {p.name: p.read_bytes() for p in (out / "report").glob("*.md")} == report
+
+
+def test_threshold_stability_gives_the_thresholds_the_cells_used(local_run):
+    """Taken from the calibration scores, the thresholds side by side are exactly those the sweep's cells used."""
+    runs = [load_run(d) for d in sorted((local_run.out / "runs").iterdir())]
+    checked = 0
+    for model in {r.name for r in runs}:
+        group = [r for r in runs if r.name == model]
+        assert all(r.scores is not None for r in group)
+        header, rows = threshold_table(group, n_resamples=0)
+        by = {(row[0], row[1]): row for row in rows}
+        for r in group:
+            column = header.index(f"threshold on {r.calibration_meta['task']}")
+            for c in r.cells:
+                if c.score is not None and c.threshold is not None:
+                    assert by[(score_label(c.score), f"{c.target:g}")][column] == f"{c.threshold:.4g}"
+                    checked += 1
+    assert checked == _CELLS - 4  # every cell but the 4 baselines
 
 
 def test_a_compact_copy_refuses_scores_beyond_float16(tmp_path):

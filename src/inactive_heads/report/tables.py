@@ -14,6 +14,7 @@ import numpy as np
 import torch
 
 from ..generation import cascade
+from ..runs.adaptive import load_searches
 from ..runs.directory import RunData, score_label
 from ..scores import SCORE_FUNCTIONS
 from ..stats.bootstrap import (
@@ -29,10 +30,12 @@ from ..stats.bootstrap import (
 )
 from ..stats.curves import Table2Row
 from ..stats.overlap import Overlap, overlap, threshold_spread
-from ..stats.thresholds import resampled_thresholds
+from ..stats.thresholds import DEFAULT_TARGETS, resampled_thresholds, thresholds_from_cdf
 
 __all__ = [
     "NO_AUC",
+    "analysed_scores",
+    "analysis_targets",
     "auc_text",
     "calibration_label",
     "cascade_table",
@@ -115,6 +118,22 @@ def max_zeroed_text(row: Table2Row, iv: Interval | None = None, fmt: str = ".1f"
     return mark + interval_text(iv, fmt=fmt)
 
 
+def analysed_scores(run: RunData) -> list[str]:
+    """The score functions a run's calibration analyses cover: those with cells, else (a run that searches) those
+    with a stored search, in registry order."""
+    if run.score_names:
+        return run.score_names
+    searched = {s.score for s in load_searches(run.dir)}
+    return [n for n in SCORE_FUNCTIONS if n in searched] + sorted(searched - set(SCORE_FUNCTIONS))
+
+
+def analysis_targets(run: RunData) -> list[float]:
+    """The target fractions a run's calibration analyses are read at: its cells' targets and the default ones
+    above 0 (a run that searches has probes at fractions of their own; a small grid, one or two targets)."""
+    cells = {float(c.target) for c in run.cells if c.target is not None}
+    return sorted(cells | {t for t in DEFAULT_TARGETS if t > 0})
+
+
 def run_overlaps(
     run: RunData, targets: Sequence[float], n_resamples: int = DEFAULT_RESAMPLES, seed: int = 0
 ) -> list[Overlap]:
@@ -123,7 +142,7 @@ def run_overlaps(
     scores."""
     if run.scores is None:
         return []
-    names = [n for n in run.score_names if n != "random"]
+    names = [n for n in analysed_scores(run) if n != "random"]
     if len(names) < 2:
         return []
     scores = run.scores.derive(names)
@@ -137,7 +156,7 @@ def scores_flat_within_layers(run: RunData) -> list[str]:
     if run.scores is None:
         return []
     out = []
-    for name in run.score_names:
+    for name in analysed_scores(run):
         try:
             values = run.scores.derive([name])[name]
         except KeyError:  # raw statistics not recorded
@@ -211,17 +230,17 @@ def threshold_table(runs: Sequence[RunData], n_resamples: int = DEFAULT_RESAMPLE
     """Thresholds of one model's calibrations on different tasks, side by side, per score and target, with their
     spread (:func:`~inactive_heads.stats.overlap.threshold_spread`); None unless two tasks were calibrated the same way.
 
-    Thresholds are read from the stored cells, so they are the ones the sweep used. The spread's 95% interval
+    Thresholds are taken from each calibration's scores as the sweep takes them (from the cells of a run kept
+    without its scores), at :func:`analysis_targets`, for :func:`analysed_scores`. The spread's 95% interval
     comes from bootstraps of each task's calibration items, drawn independently (where every calibration recorded
     its rows' items)."""
     by_task: dict[str, dict[tuple[str, float], float]] = {}
     run_of: dict[str, RunData] = {}
     for run in runs:
         task = str(run.calibration_meta.get("task", run.run.get("task")))
-        for c in run.cells:
-            if c.score is not None and c.target is not None and c.threshold is not None:
-                by_task.setdefault(task, {})[(c.score, float(c.target))] = float(c.threshold)
-                run_of.setdefault(task, run)
+        for score, target, threshold in _run_thresholds(run):
+            by_task.setdefault(task, {})[(score, target)] = threshold
+            run_of.setdefault(task, run)
     if len(by_task) < 2:
         return None
     tasks = list(by_task)
@@ -243,10 +262,33 @@ def threshold_table(runs: Sequence[RunData], n_resamples: int = DEFAULT_RESAMPLE
     return header, rows
 
 
+def _run_thresholds(run: RunData) -> list[tuple[str, float, float]]:
+    """(score, target, threshold) of a run: from its calibration scores at :func:`analysis_targets` (as a sweep
+    takes them); for a function the scores cannot give (a run kept without them), those its cells used."""
+    used = [
+        (c.score, float(c.target), float(c.threshold))
+        for c in run.cells
+        if c.score is not None and c.target is not None and c.threshold is not None
+    ]
+    if run.scores is None:
+        return used
+    targets, out, derived = analysis_targets(run), [], set()
+    for name in analysed_scores(run):
+        try:
+            values = run.scores.derive([name])[name]
+        except KeyError:  # raw statistics not recorded
+            continue
+        found = thresholds_from_cdf(values, SCORE_FUNCTIONS[name].inactive_when, targets)
+        out += [(name, t, float(v)) for t, v in zip(targets, found, strict=True)]
+        derived.add(name)
+    return out + [u for u in used if u[0] not in derived]
+
+
 def _score_order(runs: Sequence[RunData], score: str) -> int:
     for run in runs:
-        if score in run.score_names:
-            return run.score_names.index(score)
+        names = analysed_scores(run)
+        if score in names:
+            return names.index(score)
     return 1 << 30
 
 

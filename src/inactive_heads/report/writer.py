@@ -23,6 +23,8 @@ from .document import Document, linked_images
 from .figures import cdf_figure, curves_figure, delta_figure, head_heatmap, overlap_figure, png, rank_heatmap
 from .tables import (
     NO_AUC,
+    analysed_scores,
+    analysis_targets,
     auc_text,
     calibration_label,
     cascade_table,
@@ -384,7 +386,7 @@ def write_study_report(
 
     # Distributions compare calibration scores: runs without them are left out (the note at the top names them).
     by_name = {(r.name, label): r for label, task_runs in tasks.items() for r in task_runs if r.scores is not None}
-    studied = list(dict.fromkeys(n for r in loaded for n in r.score_names))
+    studied = list(dict.fromkeys(n for r in loaded for n in analysed_scores(r)))
     w1_note = (
         f"W1 intervals: 95% bootstrap over calibration items ({n_resamples} resamples, seed {seed}); every score of "
         "a drawn item counts as often as the item is drawn, and two models calibrated on the same items are "
@@ -458,8 +460,7 @@ def _calibrations(runs: Sequence[RunData]) -> dict[tuple[Any, ...], RunData]:
 def _overlap_section(doc: Document, runs: Sequence[RunData], n_resamples: int, seed: int) -> None:
     shown = False
     for n, run in enumerate(_calibrations(runs).values()):
-        targets = sorted({float(c.target) for c in run.cells if c.target is not None})
-        overlaps = run_overlaps(run, targets, n_resamples, seed)
+        overlaps = run_overlaps(run, analysis_targets(run), n_resamples, seed)
         if not overlaps:
             continue
         if not shown:
