@@ -113,12 +113,25 @@ def _layout(name: str, batch: int, q_len: int, kv_len: int) -> torch.Tensor | No
 @pytest.mark.parametrize(
     ("layout", "q_len", "kv_len"),
     [("causal", 33, 33), ("right", 33, 33), ("left", 33, 33), ("window", 33, 33), ("tree", 33, 33),
-     ("decode", 1, 19), ("chunk", 6, 19)],
+     ("chunk", 6, 19)],
 )  # fmt: skip
 @pytest.mark.parametrize("head_dim", [8, 6])
 @pytest.mark.parametrize("form", ["bool", "float"])
 def test_kernel_matches_float64_definitions(kernel, layout, q_len, kv_len, head_dim, form):
     """GQA (4 query heads, 2 KV heads); head_dim 6 is not a multiple of the CUDA kernel's row alignment."""
+    _check_against_float64(layout, q_len, kv_len, head_dim, form)
+
+
+@pytest.mark.parametrize(("layout", "kv_len"), [("decode", 19), ("causal", 19)])
+@pytest.mark.parametrize("head_dim", [8, 6])
+@pytest.mark.parametrize("form", ["bool", "float"])
+def test_one_query_per_row_matches_float64_definitions(layout, kv_len, head_dim, form):
+    """A decoding step (one query per row, over a left-padded cache or every key) takes no kernel: its
+    probabilities are computed directly, the query heads grouped over their KV head."""
+    _check_against_float64(layout, 1, kv_len, head_dim, form)
+
+
+def _check_against_float64(layout: str, q_len: int, kv_len: int, head_dim: int, form: str) -> None:
     torch.manual_seed(0)
     q, k, v = (
         torch.randn(2, 4, q_len, head_dim) * 2,

@@ -140,6 +140,40 @@ def _output_only(
     return torch.cat(outs, 1)
 
 
+def _one_query(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    allowed: torch.Tensor | None,
+    scale: float,
+    softcap: float | None,
+    first_k: torch.Tensor,
+    want_entropy: bool,
+) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
+    """One query per row (a decoding step): output [B,H,1,Dv], entropy [B,H,1] (``want_entropy``) and the weight on
+    the first real key [B,H,1], from the probabilities themselves, which for one query cost no more than a kernel.
+    Query heads are grouped over their KV head, so a long cache is read in place: a fused kernel would need K and V
+    copied out to every query head first, which measured as costly as the whole step."""
+    batch, heads, _, dim = q.shape
+    kv_heads = k.shape[1]
+    grouped = q.reshape(batch, kv_heads, heads // kv_heads, dim)  # [B,Hkv,G,D]
+    logits = (grouped @ k.transpose(-1, -2)) * scale  # [B,Hkv,G,T]
+    if softcap is not None:
+        logits = softcap * torch.tanh(logits / softcap)
+    if allowed is not None:
+        logits = logits.masked_fill(~allowed[:, :, :1], float("-inf"))  # [B,1,1,T] over every head
+    lse = torch.logsumexp(logits, -1, keepdim=True)
+    lse = torch.where(torch.isfinite(lse), lse, 0.0)  # a row that sees no key (never read): zeros, not NaN
+    probs = torch.exp(logits - lse)
+    out = (probs @ v).reshape(batch, heads, 1, v.shape[-1])
+    first = probs.gather(-1, first_k.view(-1, 1, 1, 1).expand(*probs.shape[:3], 1)).reshape(batch, heads, 1)
+    entropy = None
+    if want_entropy:
+        weighted = torch.where(probs > 0, probs * logits, 0.0).sum(-1, keepdim=True)
+        entropy = (lse - weighted).reshape(batch, heads, 1)
+    return out, entropy, first
+
+
 def _chunked_eager(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -207,15 +241,22 @@ def attention_with_stats(
     k, v = key.to(torch.float32), value.to(torch.float32)
     if not needs and softcap is None:
         return _output_only(q, k, v, allowed, causal, scale, kv_index), LayerStats(), rows
-    if kv_index is None and key.shape[1] != heads:
+    v_norm = v.norm(dim=-1) if needs & {"ftvvn", "avvn"} else None  # [B,Hkv,T], each KV head's once
+    one_query = q_len == 1 and kv_index is None and heads % key.shape[1] == 0
+    if kv_index is None and key.shape[1] != heads and not one_query:
         kv_index = torch.arange(heads, device=key.device) // (heads // key.shape[1])
     if kv_index is not None:  # index_select: measured 7-20x faster than repeat_interleave on CPU
         k, v = k.index_select(1, kv_index), v.index_select(1, kv_index)
+        v_norm = None if v_norm is None else v_norm.index_select(1, kv_index)
 
     entropy: torch.Tensor | None = None  # both set by either branch that runs when awft or aeqd is needed
     first_w: torch.Tensor | None = None
     kernel = lse_kernel(query.device, softcap)
-    if kernel is not None:
+    if one_query:
+        out, entropy, first_w = _one_query(q, k, v, allowed, scale, softcap, rows.first_k, bool(needs & {"aeqd"}))
+        if v_norm is not None and v_norm.shape[1] != heads:
+            v_norm = v_norm.repeat_interleave(heads // v_norm.shape[1], dim=1)
+    elif kernel is not None:
         # A native causal mode beats an additive mask; right-padded batches are causal on every real query, and
         # what pad queries attend to is never read.
         fused_causal = causal
@@ -257,7 +298,7 @@ def attention_with_stats(
         entropy = torch.where(entropy < _ENTROPY_FLOOR, 0.0, entropy)
         stats.aeqd = _masked_mean(entropy, rows.real_q, rows.n_q)
     if needs & {"ftvvn", "avvn"}:
-        v_norm = v.norm(dim=-1)  # [B,H,T]
+        assert v_norm is not None  # [B,H,T]
         stats.ftvvn = _gather_pos(v_norm[..., None], rows.first_k).squeeze(-1)
         stats.avvn = _masked_mean(v_norm, rows.real_k, rows.n_k)
     if needs & {"lthon", "ahon"}:
