@@ -152,8 +152,8 @@ def _one_query(
 ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
     """One query per row (a decoding step): output [B,H,1,Dv], entropy [B,H,1] (``want_entropy``) and the weight on
     the first real key [B,H,1], from the probabilities themselves, which for one query cost no more than a kernel.
-    Query heads are grouped over their KV head, so a long cache is read in place: a fused kernel would need K and V
-    copied out to every query head first, which measured as costly as the whole step."""
+    Query heads are grouped over their KV head, so a long cache is read in place, where a fused kernel would need
+    K and V copied out to every query head first."""
     batch, heads, _, dim = q.shape
     kv_heads = k.shape[1]
     grouped = q.reshape(batch, kv_heads, heads // kv_heads, dim)  # [B,Hkv,G,D]
