@@ -128,7 +128,7 @@ def test_stored_probes_are_what_the_search_fitted_and_pairs_are_compared(run, tm
     assert "Holm's step-down correction over the" in md.read_text()
 
 
-def test_a_reading_s_quotes_are_checked_against_the_stored_searches(run, tmp_path):
+def test_a_reading_s_quotes_are_checked_against_the_stored_searches(run, tmp_path, capsys):
     model, tok, task, run_dir = run
     found = {s: search_score(model, tok, task, run_dir, s, _DESIGN, batch_size=8) for s in ("ahon", "awft")}
     record = RunDir(run_dir).read_run()
@@ -149,6 +149,11 @@ def test_a_reading_s_quotes_are_checked_against_the_stored_searches(run, tmp_pat
     assert quotes[3].expected.startswith(f"{score_label(pair.a)} over {score_label(pair.b)}: ")
     assert f"Holm p {pair.p_holm:.3f}" in quotes[3].expected
     assert unquoted_intervals(reading, quotes) == [(4, "[1.0, 2.5]")]  # the crossing's interval is quoted
+    assert main(["check-quotes", str(reading), "--runs", str(run_dir.parent)]) == 2
+    printed = capsys.readouterr()
+    assert f"{reading}:2: <!-- q probe {record['model']['name']} {on} awft 1 --> the runs give" in printed.out
+    assert "interval [1.0, 2.5] is not a checked quote" in printed.out and "2 of 4 quotes match" in printed.out
+    assert "2 quotes differ from the runs and 1 intervals are unchecked" in printed.err
     for bad, message in (
         (f"<!-- q crossing {name} {on} fhon -->", "no stored adaptive search of fhon"),
         (f"<!-- q crossing nobody {on} ahon -->", "no run of nobody on"),

@@ -230,6 +230,21 @@ def _cmd_report(args: argparse.Namespace) -> None:
     print(f"report: {html.resolve()}\n        {md.resolve()}")
 
 
+def _cmd_check_quotes(args: argparse.Namespace) -> None:
+    from .report.quotes import check_quotes, unquoted_intervals
+
+    quotes = check_quotes(args.reading, args.runs)
+    wrong = [q for q in quotes if not q.ok]
+    for q in wrong:
+        print(f"{args.reading}:{q.line}: <!-- q {q.query} --> the runs give {q.expected!r}, the text has {q.found!r}")
+    loose = unquoted_intervals(args.reading, quotes)
+    for line, text in loose:
+        print(f"{args.reading}:{line}: interval {text} is not a checked quote")
+    print(f"{len(quotes) - len(wrong)} of {len(quotes)} quotes match the runs; {len(loose)} unquoted intervals")
+    if wrong or loose:
+        raise InactiveHeadsError(f"{len(wrong)} quotes differ from the runs and {len(loose)} intervals are unchecked")
+
+
 def _cmd_compare(args: argparse.Namespace) -> None:
     from .report.compare import compare_runs
 
@@ -518,6 +533,11 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("run_dirs", nargs="+", type=Path)
     p.add_argument("-o", "--out", type=Path, required=True)
     p.set_defaults(fn=_cmd_report)
+
+    p = add("check-quotes", "check the numbers a reading quotes (<!-- q ... --> markers) against stored runs")
+    p.add_argument("reading", type=Path, help="a Markdown file")
+    p.add_argument("--runs", type=Path, required=True, help="the folder of the run directories (a study's OUT/runs)")
+    p.set_defaults(fn=_cmd_check_quotes)
 
     p = add("compare", "Wasserstein distances between two runs' score distributions")
     p.add_argument("run_a", type=Path)
