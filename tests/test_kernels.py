@@ -140,9 +140,11 @@ def _check_against_float64(layout: str, q_len: int, kv_len: int, head_dim: int, 
     )
     w = torch.randn(4, head_dim, 16)
     gram = torch.einsum("hdm,hem->hde", w, w)
-    allowed = (
-        _layout(layout, 2, q_len, kv_len) if layout != "chunk" else _layout("left", 2, kv_len, kv_len)[:, :, -q_len:]
-    )
+    allowed = _layout(layout, 2, q_len, kv_len)
+    if layout == "chunk":  # the last queries of a left-padded causal pass
+        whole = _layout("left", 2, kv_len, kv_len)
+        assert whole is not None
+        allowed = whole[:, :, -q_len:]
     mask = allowed
     if allowed is not None and form == "float":
         mask = torch.zeros(allowed.shape).masked_fill(~allowed, torch.finfo(torch.float32).min)
