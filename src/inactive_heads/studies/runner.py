@@ -275,7 +275,7 @@ class _Plan:
         """Whether ``run``'s compact calibration scores hold every score function of its directory (then a report
         needs no new calibration pass)."""
         path = RunDir(run.dir).compact_scores_path
-        wanted = self.spec.scores_in_run(run.model, run.task)
+        wanted = _compacted(self.spec, run)
         return self.spec.compact_scores and path.is_file() and set(wanted) <= set(HeadScores.load(path))
 
     def cells(self, run: _Run, cells: list[PlannedCell] | None = None) -> list[Job]:
@@ -292,6 +292,12 @@ class _Plan:
         self.reused += len(cells) - len(missing) + self.spec.searches(run.task) - len(unsearched)
         # The searches after the baseline cell, which each reads (a worker that reaches one first waits for it).
         return [_Cell(run, c) for c in missing] + [_Search(run, s) for s in unsearched]
+
+
+def _compacted(spec: Study, run: _Run) -> list[str]:
+    """The scores a run's compact copy keeps: the functions of its directory, but ``random`` (seeded uniform draws,
+    which no analysis reads)."""
+    return [s for s in spec.scores_in_run(run.model, run.task) if s != "random"]
 
 
 def _searched(task: StudyTask, run_dir: Path, score: str) -> bool:
@@ -462,7 +468,7 @@ def study(
 
     if spec.compact_scores:
         for r in {r.dir: r for r in runs}.values():  # a directory's full scores, where stored, give its copy
-            RunDir(r.dir).write_compact_scores(spec.scores_in_run(r.model, r.task))
+            RunDir(r.dir).write_compact_scores(_compacted(spec, r))
     report_path, no_report = None, None if report else "not asked for"
     if report:
         from ..report.writer import write_study_report
