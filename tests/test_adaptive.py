@@ -19,6 +19,7 @@ from _tiny import tiny_model, tiny_tokenizer
 import inactive_heads as ih
 import inactive_heads.evaluation as evaluation
 from inactive_heads.cli import main
+from inactive_heads.report.crossings import p_text
 from inactive_heads.report.quotes import check_quotes, unquoted_intervals
 from inactive_heads.report.tables import analysed_scores, analysis_targets, run_overlaps, threshold_table
 from inactive_heads.report.writer import write_report
@@ -357,3 +358,9 @@ def test_adaptive_study_end_to_end(tmp_path, capsys):
     rows = list(csv.DictReader(io.StringIO((out / "report" / "cells.csv").read_text())))
     assert {r["row"] for r in rows} == {"cell", "crossing", "probe"}
     assert sum(r["row"] == "cell" and r["score"] != "baseline" for r in rows) == 1  # the grid task's cell
+
+
+def test_a_p_no_resample_went_against_is_printed_as_the_bound_it_supports():
+    assert p_text(0.0132, 1000) == "0.013" and p_text(1.0, 1000, 3) == "1.000"
+    # 0 of R resamples against: by the rule of three the share is below 3 / R (95%), so p below 6 / R.
+    assert p_text(0.0, 1000) == "< 0.006" and p_text(0.0, 1000, 3) == "< 0.018" and p_text(0.0, 100_000) == "< 0.00006"

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import csv
 import io
+import math
 from collections.abc import Sequence
 
 from ..runs.adaptive import ProbeRecord, Search, compare_searches, load_searches
@@ -22,6 +23,7 @@ __all__ = [
     "crossings_csv",
     "crossings_section",
     "difference_text",
+    "p_text",
     "probe_change_text",
     "verdict_text",
 ]
@@ -65,6 +67,15 @@ def probe_change_text(p: ProbeRecord) -> str:
 def difference_text(c: Comparison) -> str:
     """A pair's difference in points of heads; blank where a crossing is censored (only the order is known)."""
     return "" if c.difference != c.difference else f"{100 * c.difference:+.1f}"
+
+
+def p_text(p: float, resamples: int, factor: int = 1) -> str:
+    """A bootstrap p to 3 decimals; where no resample went against the pair, the bound it supports instead: below
+    twice the rule of three's 3 / resamples, times ``factor`` (Holm's largest, the pairs, for an adjusted p)."""
+    if p > 0:
+        return f"{p:.3f}"
+    bound = min(1.0, 6 * factor / resamples)
+    return f"< {bound:.{max(3, -math.floor(math.log10(bound)))}f}"
 
 
 def verdict_text(c: Comparison) -> str:
@@ -144,8 +155,9 @@ def _comparisons(doc: Document, run: RunData, searches: Sequence[Search]) -> Non
         f"refits every crossing per resample; p is twice the share of resamples not ordering the pair so, adjusted "
         f"by Holm's step-down correction over the {len(found)} pairs (functions that zero no head left out). "
         "Significant: Holm p at most 0.05 and more than 3 Monte-Carlo errors (on Holm's scale) from it; where a "
-        "Holm p lay within 5 errors of 0.05 after 1,000 resamples, 100,000 were drawn. A difference is blank where a "
-        "crossing is censored (only the order is known)."
+        "Holm p lay within 5 errors of 0.05 after 1,000 resamples, 100,000 were drawn. Where no resample went "
+        "against the pair, p is given as the bound the resamples support (< 6 / resamples, times the pairs for Holm's "
+        "p: twice the rule of three). A difference is blank where a crossing is censored (only the order is known)."
     )
     doc.table(
         ["first", "second", "difference (pts of heads)", "share of resamples", "p", "Holm p", "MC error", "resamples",
@@ -156,8 +168,8 @@ def _comparisons(doc: Document, run: RunData, searches: Sequence[Search]) -> Non
                 score_label(c.b),
                 difference_text(c),
                 f"{c.share:.3f}",
-                f"{c.p:.3f}",
-                f"{c.p_holm:.3f}",
+                p_text(c.p, c.resamples),
+                p_text(c.p_holm, c.resamples, len(found)),
                 f"{c.mc_se:.3f}",
                 f"{c.resamples:,}",
                 verdict_text(c),

@@ -33,7 +33,7 @@ from ..errors import InactiveHeadsError
 from ..runs.adaptive import Search, SearchDesign, compare_searches, load_searches
 from ..runs.directory import RunDir, score_label
 from ..stats.crossing import Comparison, format_crossing
-from .crossings import difference_text, probe_change_text, verdict_text
+from .crossings import difference_text, p_text, probe_change_text, verdict_text
 
 __all__ = ["QUOTE_KINDS", "Quote", "check_quotes", "unquoted_intervals"]
 
@@ -108,13 +108,15 @@ def _probe(runs: _Runs, model: str, task: str, score: str, n: str, design: str =
 
 def _compare(runs: _Runs, model: str, task: str, a: str, b: str, design: str = "adaptive") -> str:
     run_dir, first = runs.search(model, task, a, design)
-    found = [c for c in runs.comparisons(run_dir, first.design) if {c.a, c.b} == {a, b}]
+    family = runs.comparisons(run_dir, first.design)
+    found = [c for c in family if {c.a, c.b} == {a, b}]
     if not found:
         raise InactiveHeadsError(f"{a} and {b} are not compared for {model} on {task} (one zeroes no head?)")
     c = found[0]
     difference = difference_text(c)
     what = f"{difference} pts of heads" if difference else "order only (a crossing is censored)"
-    return f"{score_label(c.a)} over {score_label(c.b)}: {what}, Holm p {c.p_holm:.3f} ({verdict_text(c)})"
+    holm = p_text(c.p_holm, c.resamples, len(family))
+    return f"{score_label(c.a)} over {score_label(c.b)}: {what}, Holm p {holm} ({verdict_text(c)})"
 
 
 def _items(runs: _Runs, model: str, task: str, score: str, design: str = "adaptive") -> str:
