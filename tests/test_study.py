@@ -580,10 +580,15 @@ def test_killed_driver_resumes_without_recomputing_a_finished_cell(workspace, tm
         time.sleep(0.5)
     before = _snapshot(tmp_path)
     assert 3 <= len(before) < _CELLS
+    # A worker killed inside an atomic write leaves its temp file, never a torn cell; the resume leaves none of its own.
+    torn = set((tmp_path / "runs").glob("*/cells/.*.tmp"))
     result = ih.study(study, tmp_path, progress=False)
     assert result.reused == len(before) and result.computed == _CELLS - len(before)
     after = _snapshot(tmp_path)
     assert all(after[p] == before[p] for p in before)  # finished cells untouched: not recomputed, not rewritten
+    assert set((tmp_path / "runs").glob("*/cells/.*.tmp")) == torn
+    for path in torn:
+        path.unlink()
     assert len(_cells(tmp_path)) == _CELLS
 
 
