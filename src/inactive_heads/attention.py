@@ -140,40 +140,6 @@ def _output_only(
     return torch.cat(outs, 1)
 
 
-def _one_query(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    allowed: torch.Tensor | None,
-    scale: float,
-    softcap: float | None,
-    first_k: torch.Tensor,
-    want_entropy: bool,
-) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
-    """One query per row (a decoding step): output [B,H,1,Dv], entropy [B,H,1] (``want_entropy``) and the weight on
-    the first real key [B,H,1], from the probabilities themselves, which for one query cost no more than a kernel.
-    Query heads are grouped over their KV head, so a long cache is read in place, where a fused kernel would need
-    K and V copied out to every query head first."""
-    batch, heads, _, dim = q.shape
-    kv_heads = k.shape[1]
-    grouped = q.reshape(batch, kv_heads, heads // kv_heads, dim)  # [B,Hkv,G,D]
-    logits = (grouped @ k.transpose(-1, -2)) * scale  # [B,Hkv,G,T]
-    if softcap is not None:
-        logits = softcap * torch.tanh(logits / softcap)
-    if allowed is not None:
-        logits = logits.masked_fill(~allowed[:, :, :1], float("-inf"))  # [B,1,1,T] over every head
-    lse = torch.logsumexp(logits, -1, keepdim=True)
-    lse = torch.where(torch.isfinite(lse), lse, 0.0)  # a row that sees no key (never read): zeros, not NaN
-    probs = torch.exp(logits - lse)
-    out = (probs @ v).reshape(batch, heads, 1, v.shape[-1])
-    first = probs.gather(-1, first_k.view(-1, 1, 1, 1).expand(*probs.shape[:3], 1)).reshape(batch, heads, 1)
-    entropy = None
-    if want_entropy:
-        weighted = torch.where(probs > 0, probs * logits, 0.0).sum(-1, keepdim=True)
-        entropy = (lse - weighted).reshape(batch, heads, 1)
-    return out, entropy, first
-
-
 def _chunked_eager(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -253,9 +219,20 @@ def attention_with_stats(
     first_w: torch.Tensor | None = None
     kernel = lse_kernel(query.device, softcap)
     if one_query:
-        out, entropy, first_w = _one_query(q, k, v, allowed, scale, softcap, rows.first_k, bool(needs & {"aeqd"}))
-        if v_norm is not None and v_norm.shape[1] != heads:
-            v_norm = v_norm.repeat_interleave(heads // v_norm.shape[1], dim=1)
+        # A decoding step: the query heads of each KV head become that head's queries, so the cache is read in place
+        # (a fused kernel would need K and V copied out to every query head), and one query's probabilities cost no
+        # more than a kernel.
+        groups = heads // key.shape[1]
+        grouped = q.reshape(batch, key.shape[1], groups, q.shape[-1])
+        keep = None if allowed is None else allowed[:, :, :1].expand(batch, 1, groups, kv_len)
+        out, entropy, first_w = _chunked_eager(grouped, k, v, keep, scale, softcap, rows.first_k, causal=False)
+        out, entropy, first_w = (
+            out.reshape(batch, heads, 1, -1),
+            entropy.reshape(batch, heads, 1),
+            first_w.reshape(batch, heads, 1),
+        )
+        if v_norm is not None and groups > 1:
+            v_norm = v_norm.repeat_interleave(groups, dim=1)
     elif kernel is not None:
         # A native causal mode beats an additive mask; right-padded batches are causal on every real query, and
         # what pad queries attend to is never read.

@@ -7,7 +7,7 @@ model. Tables are ``(header, rows)`` of strings, ready for :class:`~inactive_hea
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -244,7 +244,8 @@ def threshold_table(runs: Sequence[RunData], n_resamples: int = DEFAULT_RESAMPLE
     if len(by_task) < 2:
         return None
     tasks = list(by_task)
-    keys = sorted({k for t in by_task.values() for k in t}, key=lambda k: (_score_order(runs, k[0]), k[1]))
+    rank = _score_order(runs)
+    keys = sorted({k for t in by_task.values() for k in t}, key=lambda k: (rank(k[0]), k[1]))
     drawn = _resampled_thresholds(run_of, keys, n_resamples, seed)
     rows = []
     for score, target in keys:
@@ -284,12 +285,13 @@ def _run_thresholds(run: RunData) -> list[tuple[str, float, float]]:
     return out + [u for u in used if u[0] not in derived]
 
 
-def _score_order(runs: Sequence[RunData], score: str) -> int:
+def _score_order(runs: Sequence[RunData]) -> Callable[[str], int]:
+    """A sort key for score names: the position in the first run that analyses the score (unknown ones last)."""
+    order: dict[str, int] = {}
     for run in runs:
-        names = analysed_scores(run)
-        if score in names:
-            return names.index(score)
-    return 1 << 30
+        for i, name in enumerate(analysed_scores(run)):
+            order.setdefault(name, i)
+    return lambda score: order.get(score, 1 << 30)
 
 
 def protocol_table(
@@ -305,9 +307,9 @@ def protocol_table(
     stored = [
         {(c.score, float(c.target)): c for c in r.cells if c.score is not None and c.target is not None} for r in runs
     ]
+    rank = _score_order(runs)
     keys = sorted(
-        {k for cells in stored for k in cells if sum(k in t for t in stored) >= 2},
-        key=lambda k: (_score_order(runs, k[0]), k[1]),
+        {k for cells in stored for k in cells if sum(k in t for t in stored) >= 2}, key=lambda k: (rank(k[0]), k[1])
     )
     if not keys:
         return None
@@ -353,9 +355,10 @@ def cascade_table(runs: Sequence[RunData]) -> Table | None:
         base, base_gen = next(((c, g) for c, g in generated if c.score is None), (None, None))
         if base is None or base_gen is None:
             continue
+        rank = _score_order([run])
         cells = sorted(
             ((c.score, c.target, c, g) for c, g in generated if c.score is not None and c.target is not None),
-            key=lambda t: (_score_order([run], t[0]), float(t[1])),
+            key=lambda t: (rank(t[0]), float(t[1])),
         )
         rows.append(
             [str(base_gen["mode"]), "baseline", "–", "0.0", f"{100 * base.accuracy:.1f}", "–", "100", "–",

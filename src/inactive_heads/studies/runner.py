@@ -467,8 +467,9 @@ def study(
                     bar.close()
 
     if spec.compact_scores:
-        for r in {r.dir: r for r in runs}.values():  # a directory's full scores, where stored, give its copy
-            RunDir(r.dir).write_compact_scores(_compacted(spec, r))
+        for r in {r.dir: r for r in runs}.values():  # a copy is missing or short: the full scores, if stored, give it
+            if not plan.kept(r):
+                RunDir(r.dir).write_compact_scores(_compacted(spec, r))
     report_path, no_report = None, None if report else "not asked for"
     if report:
         from ..report.writer import write_study_report
