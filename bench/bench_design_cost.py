@@ -2,13 +2,13 @@
 
 Reads a study whose runs are searched by both designs (``design = "adaptive"`` and ``"sequential-grid"`` tasks on
 the same model, task and calibration share one run directory, so both read the same baseline and item order;
-``docs/study-full/study.toml``) and writes ``bench_design_cost`` in ``bench/RESULTS.md``: per (model, task, score
+``docs/study/study.toml``) and writes ``bench_design_cost`` in ``bench/RESULTS.md``: per (model, task, score
 function) searched by both, each design's crossing with its 95% interval, whether the intervals overlap, the item
 evaluations and evaluation hours each spent (the blocks' wall time, one single-threaded process per core), their
 ratio, and the interval half-widths; then per run, the pairwise verdicts of each design (Holm over the pairs,
 ``ih.runs.adaptive.compare_searches``) and whether they agree; and the totals. Rows appear as searches finish.
 
-    python bench/bench_design_cost.py [--study docs/study-full/study.toml] [--out docs/study-full]
+    python bench/bench_design_cost.py [--study docs/study/study.toml] [--out docs/study]
     python bench/bench_design_cost.py --quick   # both designs on a tiny random model, printed to a temporary copy
 """
 
@@ -112,7 +112,7 @@ def _quick(root: Path) -> tuple[Path, Path]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--study", type=Path, default=ROOT / "docs" / "study-full" / "study.toml")
+    parser.add_argument("--study", type=Path, default=ROOT / "docs" / "study" / "study.toml")
     parser.add_argument("--out", type=Path, default=None, help="the study directory (default: the file's folder)")
     parser.add_argument("--results", type=Path, default=None, help="the results file (default: bench/RESULTS.md)")
     parser.add_argument("--quick", action="store_true", help="both designs on a tiny random model")

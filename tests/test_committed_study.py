@@ -1,47 +1,53 @@
-"""The committed real-model study (docs/study): its run directories resume without recomputing a stored cell, and
+"""The committed real-model study (docs/study): its run directories resume without recomputing a stored result, and
 its report shows the numbers those directories hold."""
 
 from __future__ import annotations
 
 import csv
 import io
+from collections import Counter
 from pathlib import Path
 
 import inactive_heads as ih
+from inactive_heads.report.crossings import crossings_csv
 from inactive_heads.report.writer import _cells_csv
 from inactive_heads.runs.directory import load_run
 
 STUDY = Path(__file__).resolve().parents[1] / "docs" / "study"
 
 
-def _cells(text: str) -> dict[tuple[str, ...], dict[str, str]]:
-    """Rows of a report's ``cells.csv`` by (model, task, calibration, score, target)."""
-    rows = csv.DictReader(io.StringIO(text))
-    return {(r["model"], r["task"], r["calibration"], r["score"], r["target"]): r for r in rows}
+def _rows(text: str) -> Counter[tuple[str, ...]]:
+    """A report's ``cells.csv`` rows, the cells' bootstrap interval columns blanked (not recomputed here)."""
+    rows = list(csv.DictReader(io.StringIO(text)))
+    for r in rows:
+        if r.get("row", "cell") == "cell":
+            r["delta_low"] = r["delta_high"] = ""
+    return Counter(tuple(r.values()) for r in rows)
 
 
-def test_every_stored_cell_is_a_planned_cell():
-    # The runs are committed without their calibration scores: the thresholds record alone must plan the very
-    # cells stored, or a clone would compute them again under other keys.
+def test_every_stored_result_is_a_planned_one():
+    # The runs are committed without their full calibration scores: the thresholds record alone must plan the very
+    # cells and searches stored, or a clone would compute them again under other keys.
     spec = ih.load_study(STUDY / "study.toml")
     status = ih.study_status(spec, out=STUDY)
-    stored = 0
+    cells: Counter[str] = Counter()
+    searches: Counter[str] = Counter()
     for (model, task), s in zip(spec.runs(), status, strict=True):
-        files = list((STUDY / "runs" / spec.run_name(model, task) / "cells").glob("*.json"))
-        assert s.stored == len(files), f"{s.model} {s.task} ({s.calibration}): cells stored that the plan lacks"
-        stored += s.stored
-    assert stored > 0
+        name = spec.run_name(model, task)
+        cells[name] = max(cells[name], s.stored)  # tasks sharing a directory share its baseline cell
+        searches[name] += len(s.search_seconds)
+    for name in cells:
+        run = STUDY / "runs" / name
+        assert len(list((run / "cells").glob("*.json"))) == cells[name], f"{name}: cells stored that the plan lacks"
+        stored = len(list((run / "searches").glob("*.json"))) if (run / "searches").is_dir() else 0
+        assert stored == searches[name], f"{name}: searches stored that the plan lacks"
+    assert sum(searches.values()) > 0
 
 
-def test_the_report_shows_the_stored_cells():
-    # The report is written from runs/: each of its rows is a stored cell, as the report's writer renders it from
-    # the run directories (the bootstrap interval columns aside: they are not recomputed here).
-    committed = _cells((STUDY / "report" / "cells.csv").read_text())
+def test_the_report_shows_the_stored_results():
+    # The report is written from runs/: each of its rows is a stored cell, search or probe, as the report's writer
+    # renders it from the run directories.
+    committed = _rows((STUDY / "report" / "cells.csv").read_text())
     runs = [load_run(d) for d in sorted((STUDY / "runs").iterdir())]
-    stored = _cells(_cells_csv(runs, [None] * len(runs)))
-    missing = sorted(committed.keys() - stored.keys())
-    assert not missing, f"{len(missing)} report rows have no stored cell, e.g. {missing[0]}"
-    for key, row in committed.items():
-        differ = {k for k, v in row.items() if k not in ("delta_low", "delta_high") and stored[key][k] != v}
-        assert not differ, (key, differ)
-    assert committed
+    stored = _rows(crossings_csv(_cells_csv(runs, [None] * len(runs)), runs))
+    assert committed == stored, (committed - stored, stored - committed)
