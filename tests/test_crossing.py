@@ -23,6 +23,7 @@ from inactive_heads.stats.crossing import (
     grid_crossing,
     holm,
     item_order,
+    items_to_decide,
     search_crossing,
 )
 from inactive_heads.stats.crossing import _isotonic_decreasing as isotonic
@@ -115,6 +116,53 @@ def test_confidence_sequence_covers_the_mean_at_every_look_at_once():
         low, high = confidence_sequence(_differences(mean, 2000, rng, 0.15), block_size=100, alpha=alpha)
         missed += bool(np.any((low > mean) | (high < mean)))
     assert missed / sequences <= alpha  # anytime-valid bounds are conservative: in practice far fewer misses
+
+
+def _first_decided(d: np.ndarray, block: int) -> int | None:
+    """The items read when ``confidence_sequence`` over ``d`` first excludes -TOL (None: never)."""
+    low, high = confidence_sequence(d, block_size=block, alpha=0.05)
+    decided = np.flatnonzero((low > -TOL) | (high < -TOL))
+    return None if decided.size == 0 else min((int(decided[0]) + 1) * block, d.size)
+
+
+def _exact(mean: float, n: int = 1838, disagree: float = 0.2, seed: int = 5) -> np.ndarray:
+    """Differences in a seeded order with exactly the shares of ``mean`` and ``disagree`` (so the mean is known)."""
+    down, up = round(n * (disagree - mean) / 2), round(n * (disagree + mean) / 2)
+    d = np.array([-1] * down + [1] * up + [0] * (n - down - up), dtype=np.int8)
+    return np.random.default_rng(seed).permutation(d)
+
+
+@pytest.mark.parametrize("mean", [-0.03, -0.02, 0.0, 0.01])
+def test_items_to_decide_continues_the_test_with_the_observed_shares(mean):
+    d = _exact(mean, n=1800)
+    n = items_to_decide(_probe(0.2, d), tolerance=TOL, block_size=100)
+    assert _first_decided(d, 100) is None and n is not None and n > d.size  # undecided on its own items
+    # Reference: the continuation written out item by item (value by where (i + 1/2) * golden ratio falls among
+    # the observed shares), appended, and the test run over the whole.
+    share_down, share_same = float(np.mean(d == -1)), float(np.mean(d == 0))
+    golden = (math.sqrt(5) - 1) / 2
+    tail = []
+    for i in range(d.size, n + 10_000):
+        u = ((i + 0.5) * golden) % 1.0
+        tail.append(-1 if u < share_down else 0 if u < share_down + share_same else 1)
+    assert _first_decided(np.concatenate([d, np.array(tail, dtype=np.int8)]), 100) == n
+    # It plans for a typical continuation: random draws in the same shares decide after about as many items.
+    draws = []
+    for seed in range(9):
+        rest = np.random.default_rng(seed).choice(
+            [-1, 0, 1], size=4 * n, p=[share_down, share_same, 1 - share_down - share_same]
+        )
+        draws.append(_first_decided(np.concatenate([d, rest.astype(np.int8)]), 100) or 5 * n)
+    assert 0.75 * n <= np.median(draws) <= 1.33 * n, (n, sorted(draws))
+
+
+def test_items_to_decide_grows_as_the_mean_nears_the_tolerance():
+    needs = [items_to_decide(_probe(0.2, _exact(mean)), tolerance=TOL, block_size=100) for mean in (-0.1, -0.04, 0.02)]
+    assert needs[0] == _first_decided(_exact(-0.1), 100) and needs[0] <= 1838  # type: ignore[operator]
+    farther = [items_to_decide(_probe(0.2, _exact(mean)), tolerance=TOL, block_size=100) for mean in (-0.025, 0.0)]
+    assert needs[1] < farther[0] and needs[2] < farther[1]  # type: ignore[operator]
+    at_edge = _exact(-TOL, n=1000, disagree=0.1)  # mean exactly -TOL: never decided
+    assert items_to_decide(_probe(0.2, at_edge), tolerance=TOL, block_size=100, limit=50_000) is None
 
 
 # --- the estimator --------------------------------------------------------------------------------------------------

@@ -9,9 +9,9 @@ import io
 import math
 from collections.abc import Sequence
 
-from ..runs.adaptive import ProbeRecord, Search, compare_searches, load_searches
+from ..runs.adaptive import ProbeRecord, Search, SearchDesign, compare_searches, load_searches, stored_probes
 from ..runs.directory import RunData, score_label
-from ..stats.crossing import Comparison, format_crossing
+from ..stats.crossing import Comparison, Probe, format_crossing, items_to_decide
 from .document import Document
 from .figures import crossing_figure, png
 from .tables import calibration_label
@@ -22,6 +22,7 @@ __all__ = [
     "crossings_across",
     "crossings_csv",
     "crossings_section",
+    "decide_text",
     "difference_text",
     "p_text",
     "probe_change_text",
@@ -62,6 +63,26 @@ def _design_text(s: Search) -> str:
 def probe_change_text(p: ProbeRecord) -> str:
     """A probe's accuracy change to baseline in points with its confidence sequence at the last look."""
     return f"{100 * p.mean:+.1f} [{100 * p.looks[-1].low:+.1f}, {100 * p.looks[-1].high:+.1f}]"
+
+
+_PROBE_HEADER = ["score", "target %", "% zeroed", "items", "looks", "Δ acc [CS]", "decision", "probe stop"]
+
+#: The most items :func:`decide_text` looks ahead; beyond, it prints the bound.
+DECIDE_LIMIT = 1_000_000
+
+
+def decide_text(probe: Probe, design: SearchDesign) -> str:
+    """The items an undecided probe's test would need to decide had the shares of its answers held
+    (:func:`~inactive_heads.stats.crossing.items_to_decide`), to two significant digits, or the bound ``> 1,000,000``;
+    "–" for a probe that decided."""
+    if probe.decision != "undecided":
+        return "–"
+    n = items_to_decide(
+        probe, tolerance=design.tolerance, block_size=design.block_size, alpha=design.alpha, limit=DECIDE_LIMIT
+    )
+    if n is None:
+        return f"> {DECIDE_LIMIT:,}"
+    return f"~{round(n, 2 - len(str(n))):,}"
 
 
 def difference_text(c: Comparison) -> str:
@@ -123,10 +144,13 @@ def crossings_section(doc: Document, run: RunData, tag: str) -> bool:
         doc.p(
             "Probes in the order run: accuracy change to baseline on the probe's items in points with its "
             "anytime-valid confidence sequence at the last look, and the test's decision (within or below the "
-            "tolerance, or undecided at the item budget)."
+            "tolerance, or undecided at the item budget). Items to decide: for an undecided probe, the items its test "
+            "would need had the shares of its answers (worse, same, better than baseline) held; a planning figure, "
+            "not an estimate (a true change nearer the tolerance needs many more)."
         )
+        answers = stored_probes(run.dir, group)
         doc.table(
-            ["score", "target %", "% zeroed", "items", "looks", "Δ acc [CS]", "decision", "probe stop"],
+            [*_PROBE_HEADER, "items to decide"],
             [
                 [
                     s.score,
@@ -137,9 +161,10 @@ def crossings_section(doc: Document, run: RunData, tag: str) -> bool:
                     probe_change_text(p),
                     p.decision,
                     p.stop.replace("_", " "),
+                    decide_text(a, s.design),
                 ]
                 for s in group
-                for p in s.probes
+                for p, a in zip(s.probes, answers[s.score], strict=True)
             ],
         )
     return bool(searches)

@@ -14,7 +14,9 @@ Quotes (``MODEL`` is a run's model name, ``TASK`` its task, ``DESIGN`` ``adaptiv
   (1,838 items, undecided)``, the accuracy change with its confidence sequence at the last look;
 - ``compare MODEL TASK A B [DESIGN]``: the pairwise test of the two functions (either order): ``AWFT over random:
   +12.3 pts of heads, Holm p 0.004 (significant)``;
-- ``items MODEL TASK SCORE [DESIGN]``: the item evaluations the search spent (``8,052``).
+- ``items MODEL TASK SCORE [DESIGN]``: the item evaluations the search spent (``8,052``);
+- ``decide MODEL TASK SCORE N [DESIGN]``: the items the N-th probe's test would need to decide had the shares of its
+  answers held (``~4,500``, ``> 1,000,000``; ``–`` once decided), as the report's probe table gives them.
 
 :func:`check_quotes` returns every quote with what the runs give; :func:`unquoted_intervals` finds bracketed
 intervals outside any quote (a reading that claims only what holds quotes each one).
@@ -30,10 +32,10 @@ from functools import cache
 from pathlib import Path
 
 from ..errors import InactiveHeadsError
-from ..runs.adaptive import Search, SearchDesign, compare_searches, load_searches
+from ..runs.adaptive import Search, SearchDesign, compare_searches, load_searches, stored_probes
 from ..runs.directory import RunDir, score_label
 from ..stats.crossing import Comparison, format_crossing
-from .crossings import difference_text, p_text, probe_change_text, verdict_text
+from .crossings import decide_text, difference_text, p_text, probe_change_text, verdict_text
 
 __all__ = ["QUOTE_KINDS", "Quote", "check_quotes", "unquoted_intervals"]
 
@@ -98,11 +100,15 @@ def _crossing(runs: _Runs, model: str, task: str, score: str, design: str = "ada
     return format_crossing(runs.search(model, task, score, design)[1].crossing)
 
 
+def _nth(n: str, count: int) -> int:
+    if not n.isdigit() or not 1 <= int(n) <= count:
+        raise InactiveHeadsError(f"probe N counts from 1 to {count} (the search's probes), got {n!r}")
+    return int(n) - 1
+
+
 def _probe(runs: _Runs, model: str, task: str, score: str, n: str, design: str = "adaptive") -> str:
     probes = runs.search(model, task, score, design)[1].probes
-    if not n.isdigit() or not 1 <= int(n) <= len(probes):
-        raise InactiveHeadsError(f"probe N counts from 1 to {len(probes)} (the search's probes), got {n!r}")
-    p = probes[int(n) - 1]
+    p = probes[_nth(n, len(probes))]
     return f"{100 * p.fraction:.1f}% of heads: {probe_change_text(p)} pts ({p.items:,} items, {p.decision})"
 
 
@@ -123,12 +129,19 @@ def _items(runs: _Runs, model: str, task: str, score: str, design: str = "adapti
     return f"{runs.search(model, task, score, design)[1].items_evaluated:,}"
 
 
+def _decide(runs: _Runs, model: str, task: str, score: str, n: str, design: str = "adaptive") -> str:
+    run_dir, search = runs.search(model, task, score, design)
+    probe = stored_probes(run_dir, [search])[score][_nth(n, len(search.probes))]
+    return decide_text(probe, search.design)
+
+
 #: Each quote kind and its function of the runs and the marker's arguments.
 QUOTE_KINDS: dict[str, Callable[..., str]] = {
     "crossing": _crossing,
     "probe": _probe,
     "compare": _compare,
     "items": _items,
+    "decide": _decide,
 }
 
 

@@ -97,6 +97,7 @@ __all__ = [
     "grid_crossing",
     "holm",
     "item_order",
+    "items_to_decide",
     "search_crossing",
 ]
 
@@ -112,6 +113,9 @@ State = Literal["estimated", "censored", "not_applicable"]
 
 # The cap on the betting weight of the confidence sequence (the paper's c = 1/2).
 _LAMBDA_CAP = 0.5
+# The continuation of :func:`items_to_decide` takes its values at the multiples of the golden ratio's fractional part
+# (a low-discrepancy sequence), so every block holds -1, 0 and +1 in shares close to the observed ones.
+_GOLDEN = (math.sqrt(5) - 1) / 2
 # A resampled probe that draws none of its items weighs this much, so its empty mean cannot move the fit.
 _EMPTY_WEIGHT = 1e-12
 
@@ -255,6 +259,32 @@ def confidence_sequence(
     bounds = np.array([cs.update(d[i : i + block_size]) for i in range(0, d.size, block_size)], dtype=np.float64)
     bounds = bounds.reshape(-1, 2)
     return bounds[:, 0], bounds[:, 1]
+
+
+def items_to_decide(
+    probe: Probe, *, tolerance: float, block_size: int, alpha: float = DEFAULT_ALPHA, limit: int = 1_000_000
+) -> int | None:
+    """The items after which ``probe``'s sequential test would decide, had the items beyond those it read kept the
+    differences it observed: the test replayed on its own answers, then continued with blocks whose -1, 0 and +1
+    are in the observed shares. A decided probe gives the items it read; None: not decided within ``limit``
+    items (a mean at the tolerance's edge never is). A planning figure, no estimate: the observed mean is itself
+    uncertain, and a true mean nearer the edge needs many more."""
+    d = probe.difference
+    if d.size == 0:
+        raise ValueError("the probe read no item")
+    cs = _ConfidenceSequence(alpha)
+    for start in range(0, d.size, block_size):
+        low, high = cs.update(d[start : start + block_size])
+        if _decide(low, high, tolerance) != "undecided":
+            return min(start + block_size, d.size)
+    edges = np.cumsum([np.mean(d == -1), np.mean(d == 0)])
+    values = np.array([-1, 0, 1], dtype=np.int8)
+    for n in range(d.size, limit, block_size):
+        u = ((np.arange(n, n + block_size) + 0.5) * _GOLDEN) % 1.0
+        low, high = cs.update(values[np.searchsorted(edges, u, side="right")])
+        if _decide(low, high, tolerance) != "undecided":
+            return n + block_size
+    return None
 
 
 def _decide(low: float, high: float, tolerance: float) -> Decision:
