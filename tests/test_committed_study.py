@@ -1,5 +1,5 @@
-"""The committed real-model study (docs/study): its run directories resume without recomputing a stored result, and
-its report shows the numbers those directories hold."""
+"""The committed real-model study (docs/study): its run directories resume without recomputing a stored result, its
+report shows the numbers those directories hold, and its reading quotes only numbers they reproduce."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from pathlib import Path
 
 import inactive_heads as ih
 from inactive_heads.report.crossings import crossings_csv
+from inactive_heads.report.quotes import check_quotes, unquoted_intervals
 from inactive_heads.report.writer import _cells_csv
 from inactive_heads.runs.directory import load_run
 
@@ -51,3 +52,12 @@ def test_the_report_shows_the_stored_results():
     runs = [load_run(d) for d in sorted((STUDY / "runs").iterdir())]
     stored = _rows(crossings_csv(_cells_csv(runs, [None] * len(runs)), runs))
     assert committed == stored, (committed - stored, stored - committed)
+
+
+def test_the_reading_quotes_only_what_the_runs_reproduce():
+    reading = STUDY / "README.md"
+    quotes = check_quotes(reading, STUDY / "runs")
+    wrong = [f"line {q.line}: {q.query}: {q.found!r} where the runs give {q.expected!r}" for q in quotes if not q.ok]
+    assert not wrong, "\n".join(wrong)
+    assert not unquoted_intervals(reading, quotes)
+    assert len(quotes) >= 10
