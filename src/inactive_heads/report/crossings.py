@@ -65,10 +65,8 @@ def probe_change_text(p: ProbeRecord) -> str:
     return f"{100 * p.mean:+.1f} [{100 * p.looks[-1].low:+.1f}, {100 * p.looks[-1].high:+.1f}]"
 
 
-_PROBE_HEADER = ["score", "target %", "% zeroed", "items", "looks", "Δ acc [CS]", "decision", "probe stop"]
-
-#: The most items :func:`decide_text` looks ahead; beyond, it prints the bound.
-DECIDE_LIMIT = 1_000_000
+# The most items decide_text looks ahead; beyond, it prints the bound.
+_DECIDE_LIMIT = 1_000_000
 
 
 def decide_text(probe: Probe, design: SearchDesign) -> str:
@@ -78,10 +76,10 @@ def decide_text(probe: Probe, design: SearchDesign) -> str:
     if probe.decision != "undecided":
         return "–"
     n = items_to_decide(
-        probe, tolerance=design.tolerance, block_size=design.block_size, alpha=design.alpha, limit=DECIDE_LIMIT
+        probe, tolerance=design.tolerance, block_size=design.block_size, alpha=design.alpha, limit=_DECIDE_LIMIT
     )
     if n is None:
-        return f"> {DECIDE_LIMIT:,}"
+        return f"> {_DECIDE_LIMIT:,}"
     return f"~{round(n, 2 - len(str(n))):,}"
 
 
@@ -150,7 +148,17 @@ def crossings_section(doc: Document, run: RunData, tag: str) -> bool:
         )
         answers = stored_probes(run.dir, group)
         doc.table(
-            [*_PROBE_HEADER, "items to decide"],
+            [
+                "score",
+                "target %",
+                "% zeroed",
+                "items",
+                "looks",
+                "Δ acc [CS]",
+                "decision",
+                "probe stop",
+                "items to decide",
+            ],
             [
                 [
                     s.score,
