@@ -21,12 +21,15 @@ script is run again. Then:
     python bench/bench_generation.py --model FILE.gguf --modes recompute running prompt --targets 0.1 0.2 \
         --device cuda --dtype bfloat16 --batch-size 32   # the full cascade on a GPU
     python bench/bench_generation.py --model FILE.gguf --recompute-only --recompute-tokens 64 256
-    python bench/bench_generation.py --model FILE.gguf --quick   # both speed tables, 2 prompts, 8 tokens, printed
+    python bench/bench_generation.py --quick   # a tiny random model: every table on 2 bare questions, 8 tokens,
+                                               # into a temporary copy of RESULTS.md
 """
 
 from __future__ import annotations
 
 import argparse
+import sys
+import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -34,7 +37,7 @@ from typing import Literal
 
 import numpy as np
 import torch
-from _results import RESULTS, update_table  # bench/ is the script's directory, first on sys.path
+from _results import results_file, update_table  # bench/ is the script's directory, first on sys.path
 from torch.nn.utils.rnn import pad_sequence
 
 import inactive_heads as ih
@@ -170,13 +173,25 @@ def _replayed_naive(
 
 
 def _emit(name: str, header: list[str], rows: list[list[str]], key: int, args: argparse.Namespace) -> None:
-    """Rows into section ``name`` of the results file, or printed as a table with ``--quick``."""
-    if not args.quick:
-        update_table(name, header, rows, key=key, path=args.results)
-        return
-    print(f"\n{name}\n| " + " | ".join(header) + " |\n|" + " --- |" * len(header))
-    for r in rows:
-        print("| " + " | ".join(r) + " |")
+    """Rows into section ``name`` of the results file."""
+    update_table(name, header, rows, key=key, path=args.results)
+
+
+def _quick(args: argparse.Namespace) -> None:
+    """Every table at smoke size: a tiny random model (unless ``--model``), 2 bare questions, 8 new tokens, in
+    temporary folders."""
+    root = Path(tempfile.mkdtemp(prefix="bench_generation-"))
+    if args.model is None:
+        sys.path.insert(0, str(ROOT / "tests"))
+        from _tiny import tiny_model, tiny_tokenizer
+
+        model = tiny_model("llama")
+        model.config.max_position_embeddings = 8192  # byte-level tokens: a 5-shot GSM8K prompt is ~3,000
+        model.save_pretrained(root / "tiny")
+        tiny_tokenizer().save_pretrained(root / "tiny")
+        args.model, args.name = str(root / "tiny"), "tiny"
+    args.out, args.limit, args.max_gen_toks, args.shots = root / "runs", 2, 8, 0
+    args.speed_prompts, args.speed_tokens, args.recompute_tokens = 2, 8, [8]
 
 
 def _write(run_dirs: list[Path], label: str, args: argparse.Namespace) -> None:
@@ -194,7 +209,7 @@ def _write(run_dirs: list[Path], label: str, args: argparse.Namespace) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", required=True, help="a .gguf file or model directory")
+    parser.add_argument("--model", default=None, help="a .gguf file or model directory (needed but with --quick)")
     parser.add_argument("--name", default=None)
     parser.add_argument("--modes", nargs="+", default=["step", "running", "prompt"], choices=MODES)
     parser.add_argument("--scores", default="ahon_ln,awft,random")
@@ -204,9 +219,9 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=8)
     parser.add_argument("--device", default=None, help="where the model goes, e.g. cuda (default: CPU)")
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
-    parser.add_argument("--data-dir", type=Path, default=ROOT.parent / "shared" / "data")
+    parser.add_argument("--data-dir", type=Path, default=None, help="default: $INACTIVE_HEADS_DATA")
     parser.add_argument("--out", type=Path, default=Path("/tmp/bench_generation"))
-    parser.add_argument("--results", type=Path, default=RESULTS)
+    parser.add_argument("--results", type=Path, default=None, help="default: bench/RESULTS.md")
     parser.add_argument("--no-speed", action="store_true", help="skip the generation speed table")
     parser.add_argument("--speed-only", action="store_true", help="only the generation speed table")
     parser.add_argument("--speed-prompts", type=int, default=8, help="prompts of the speed table")
@@ -222,13 +237,14 @@ def main() -> None:
         "--naive-passes", type=int, default=0,
         help="time this many of the naive recompute's passes (replayed) instead of running all of them",
     )  # fmt: skip
-    parser.add_argument(
-        "--quick", action="store_true", help="a smoke run: both speed tables on 2 prompts, 8 new tokens, printed"
-    )
+    parser.add_argument("--quick", action="store_true", help="every table at smoke size, into a temporary copy")
     parser.add_argument("--write", action="store_true", help="only render the cells stored so far")
     args = parser.parse_args()
+    args.results = results_file(args.results, args.quick)
     if args.quick:
-        args.speed_only, args.speed_prompts, args.speed_tokens, args.recompute_tokens = True, 2, 8, [8]
+        _quick(args)
+    if args.model is None:
+        parser.error("--model is needed (a .gguf file or model directory), except with --quick")
 
     label = args.name or Path(args.model).stem
     run_dirs = [args.out / slug(f"{label}-gsm8k-n{args.limit}-t{args.max_gen_toks}-{mode}") for mode in args.modes]
