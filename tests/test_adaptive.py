@@ -33,7 +33,7 @@ from inactive_heads.runs.adaptive import (
 )
 from inactive_heads.runs.directory import RunDir, load_run, score_label
 from inactive_heads.scores import _SCORE_FUNCTIONS
-from inactive_heads.stats.crossing import fit_crossing, format_crossing, items_to_decide
+from inactive_heads.stats.crossing import fit_crossing, format_crossing, items_to_decide, items_to_separate
 from inactive_heads.stats.thresholds import thresholds_from_cdf
 from inactive_heads.studies.file import StudyFileError, parse_study
 from inactive_heads.tasks import _TASKS, pinned
@@ -140,6 +140,9 @@ def test_a_reading_s_quotes_are_checked_against_the_stored_searches(run, tmp_pat
     needed = items_to_decide(answers, tolerance=_DESIGN.tolerance, block_size=_DESIGN.block_size, alpha=_DESIGN.alpha)
     decide = "> 1,000,000" if needed is None else f"~{round(needed, 2 - len(str(needed))):,}"  # two digits
     decide = "–" if first.decision != "undecided" else decide
+    planned = items_to_separate(pair, found["awft"].n_items, 1)
+    separate = "no direction" if planned is None else f"~{round(planned, 2 - len(str(planned))):,}"
+    separate = "–" if pair.significant else separate
     reading = tmp_path / "reading.md"
     reading.write_text(
         f"AHON: <!-- q crossing {name} {on} ahon -->{format_crossing(found['ahon'].crossing)}, after "
@@ -147,25 +150,26 @@ def test_a_reading_s_quotes_are_checked_against_the_stored_searches(run, tmp_pat
         f"AWFT first probed <!-- q probe {name} {on} awft 1 -->{100 * first.fraction:.1f}% of heads: wrong.\n"
         f"<!-- q compare {name} {on} awft ahon -->{score_label(pair.a)} over\n"
         f"Deciding it takes <!-- q decide {name} {on} awft 1 -->{decide}.\n"
+        f"Separating them: <!-- q separate {name} {on} ahon awft -->{separate}.\n"
         "An unchecked interval [1.0, 2.5].\n"
     )
     quotes = check_quotes(reading, run_dir.parent)
-    assert [(q.line, q.ok) for q in quotes] == [(1, True), (1, True), (2, False), (3, False), (4, True)]
+    assert [(q.line, q.ok) for q in quotes] == [(1, True), (1, True), (2, False), (3, False), (4, True), (5, True)]
     assert quotes[2].expected.endswith(f"pts ({first.items:,} items, {first.decision})")
     assert quotes[3].expected.startswith(f"{score_label(pair.a)} over {score_label(pair.b)}: ")
     assert f"Holm p {pair.p_holm:.3f}" in quotes[3].expected
-    assert unquoted_intervals(reading, quotes) == [(5, "[1.0, 2.5]")]  # the crossing's interval is quoted
+    assert unquoted_intervals(reading, quotes) == [(6, "[1.0, 2.5]")]  # the crossing's interval is quoted
     assert main(["check-quotes", str(reading), "--runs", str(run_dir.parent)]) == 2
     printed = capsys.readouterr()
     assert f"{reading}:2: <!-- q probe {record['model']['name']} {on} awft 1 --> the runs give" in printed.out
-    assert "interval [1.0, 2.5] is not a checked quote" in printed.out and "3 of 5 quotes match" in printed.out
+    assert "interval [1.0, 2.5] is not a checked quote" in printed.out and "4 of 6 quotes match" in printed.out
     assert "2 quotes differ from the runs and 1 intervals are unchecked" in printed.err
     for bad, message in (
         (f"<!-- q crossing {name} {on} fhon -->", "no stored adaptive search of fhon"),
         (f"<!-- q crossing nobody {on} ahon -->", "no run of nobody on"),
         (f"<!-- q probe {name} {on} ahon 99 -->", "probe N counts from 1"),
         (f"<!-- q crossing {name} {on} ahon grid -->", "design must be one of adaptive, sequential-grid"),
-        ("<!-- q mean x -->", "unknown quote 'mean'; one of crossing, probe, compare, items, decide"),
+        ("<!-- q mean x -->", "unknown quote 'mean'; one of crossing, probe, compare, items, decide, separate"),
         (f"<!-- q crossing {name} -->", "wrong arguments"),
     ):
         reading.write_text(f"text\n{bad}")

@@ -24,6 +24,7 @@ from inactive_heads.stats.crossing import (
     holm,
     item_order,
     items_to_decide,
+    items_to_separate,
     search_crossing,
 )
 from inactive_heads.stats.crossing import _isotonic_decreasing as isotonic
@@ -163,6 +164,28 @@ def test_items_to_decide_grows_as_the_mean_nears_the_tolerance():
     assert needs[1] < farther[0] and needs[2] < farther[1]  # type: ignore[operator]
     at_edge = _exact(-TOL, n=1000, disagree=0.1)  # mean exactly -TOL: never decided
     assert items_to_decide(_probe(0.2, at_edge), tolerance=TOL, block_size=100, limit=50_000) is None
+
+
+def _pair(share: float, significant: bool = False) -> Comparison:
+    return Comparison("a", "b", 0.05, share, 2 * (1 - share), 2 * (1 - share), 0.0, 1000, True, significant)
+
+
+@pytest.mark.parametrize(("delta", "sigma", "pairs"), [(0.02, 0.3, 3), (0.05, 0.4, 1), (0.01, 0.25, 10)])
+def test_items_to_separate_is_the_sample_size_of_a_normal_mean(delta, sigma, pairs):
+    # A difference whose bootstrap spread is sigma / sqrt(n): at n items its share is Phi(delta sqrt(n) / sigma),
+    # and the n at which a two-sided test at alpha / pairs rejects is (z sigma / delta)^2.
+    n = 400
+    share = 0.5 * (1 + math.erf(delta * math.sqrt(n) / sigma / math.sqrt(2)))
+    z = {3: 2.393980, 1: 1.959964, 10: 2.807034}[pairs]
+    planned = items_to_separate(_pair(share), n, pairs)
+    assert planned is not None and abs(planned - max(n, (z * sigma / delta) ** 2)) <= 1
+
+
+def test_items_to_separate_needs_a_direction_and_grows_as_the_share_falls():
+    assert items_to_separate(_pair(0.5), 500, 3) is None and items_to_separate(_pair(0.3), 500, 3) is None
+    assert items_to_separate(_pair(0.999, significant=True), 500, 3) == 500
+    needs = [items_to_separate(_pair(share), 500, 3) for share in (0.6, 0.8, 0.95, 0.995)]
+    assert needs == sorted(needs, reverse=True) and needs[-1] == 500  # type: ignore[type-var]
 
 
 # --- the estimator --------------------------------------------------------------------------------------------------

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 
 from ..runs.adaptive import ProbeRecord, Search, SearchDesign, compare_searches, load_searches, stored_probes
 from ..runs.directory import RunData, score_label
-from ..stats.crossing import Comparison, Probe, format_crossing, items_to_decide
+from ..stats.crossing import Comparison, Probe, format_crossing, items_to_decide, items_to_separate
 from .document import Document
 from .figures import crossing_figure, png
 from .tables import calibration_label
@@ -26,6 +26,7 @@ __all__ = [
     "difference_text",
     "p_text",
     "probe_change_text",
+    "separate_text",
     "verdict_text",
 ]
 
@@ -78,8 +79,20 @@ def decide_text(probe: Probe, design: SearchDesign) -> str:
     n = items_to_decide(
         probe, tolerance=design.tolerance, block_size=design.block_size, alpha=design.alpha, limit=_DECIDE_LIMIT
     )
-    if n is None:
-        return f"> {_DECIDE_LIMIT:,}"
+    return f"> {_DECIDE_LIMIT:,}" if n is None else _planned(n)
+
+
+def separate_text(c: Comparison, n_items: int, pairs: int) -> str:
+    """The items at which a pair not significant would be, had its difference held
+    (:func:`~inactive_heads.stats.crossing.items_to_separate`), to two significant digits; "–" for a significant
+    pair, "no direction" where the resamples favour neither."""
+    if c.significant:
+        return "–"
+    n = items_to_separate(c, n_items, pairs)
+    return "no direction" if n is None else _planned(n)
+
+
+def _planned(n: int) -> str:
     return f"~{round(n, 2 - len(str(n))):,}"
 
 
@@ -190,11 +203,15 @@ def _comparisons(doc: Document, run: RunData, searches: Sequence[Search]) -> Non
         "Significant: Holm p at most 0.05 and more than 3 Monte-Carlo errors (on Holm's scale) from it; where a "
         "Holm p lay within 5 errors of 0.05 after 1,000 resamples, 100,000 were drawn. Where no resample went "
         "against the pair, p is given as the bound the resamples support (< 6 / resamples, times the pairs for Holm's "
-        "p: twice the rule of three). A difference is blank where a crossing is censored (only the order is known)."
+        "p: twice the rule of three). A difference is blank where a crossing is censored (only the order is known). "
+        "Items to separate: for a pair not significant, the items at which it would be had its difference held (the "
+        "bootstrap's z, the normal quantile of the share, growing as the root of the items to Holm's strictest cut, "
+        "0.05 over the pairs); a planning figure, not an estimate."
     )
+    n_items = searches[0].n_items
     doc.table(
         ["first", "second", "difference (pts of heads)", "share of resamples", "p", "Holm p", "MC error", "resamples",
-         "verdict"],
+         "verdict", "items to separate"],
         [
             [
                 score_label(c.a),
@@ -206,6 +223,7 @@ def _comparisons(doc: Document, run: RunData, searches: Sequence[Search]) -> Non
                 f"{c.mc_se:.3f}",
                 f"{c.resamples:,}",
                 verdict_text(c),
+                separate_text(c, n_items, len(found)),
             ]
             for c in found
         ],

@@ -16,7 +16,9 @@ Quotes (``MODEL`` is a run's model name, ``TASK`` its task, ``DESIGN`` ``adaptiv
   +12.3 pts of heads, Holm p 0.004 (significant)``;
 - ``items MODEL TASK SCORE [DESIGN]``: the item evaluations the search spent (``8,052``);
 - ``decide MODEL TASK SCORE N [DESIGN]``: the items the N-th probe's test would need to decide had the shares of its
-  answers held (``~4,500``, ``> 1,000,000``; ``–`` once decided), as the report's probe table gives them.
+  answers held (``~4,500``, ``> 1,000,000``; ``–`` once decided), as the report's probe table gives them;
+- ``separate MODEL TASK A B [DESIGN]``: the items at which the pair would be significant had its difference held
+  (``~59,000``; ``–`` once significant), as the report's comparisons give them.
 
 :func:`check_quotes` returns every quote with what the runs give; :func:`unquoted_intervals` finds bracketed
 intervals outside any quote (a reading that claims only what holds quotes each one).
@@ -35,7 +37,7 @@ from ..errors import InactiveHeadsError
 from ..runs.adaptive import Search, SearchDesign, compare_searches, load_searches, stored_probes
 from ..runs.directory import RunDir, score_label
 from ..stats.crossing import Comparison, format_crossing
-from .crossings import decide_text, difference_text, p_text, probe_change_text, verdict_text
+from .crossings import decide_text, difference_text, p_text, probe_change_text, separate_text, verdict_text
 
 __all__ = ["QUOTE_KINDS", "Quote", "check_quotes", "unquoted_intervals"]
 
@@ -112,17 +114,26 @@ def _probe(runs: _Runs, model: str, task: str, score: str, n: str, design: str =
     return f"{100 * p.fraction:.1f}% of heads: {probe_change_text(p)} pts ({p.items:,} items, {p.decision})"
 
 
-def _compare(runs: _Runs, model: str, task: str, a: str, b: str, design: str = "adaptive") -> str:
+def _pair(runs: _Runs, model: str, task: str, a: str, b: str, design: str) -> tuple[Comparison, int, int]:
+    """The comparison of ``a`` and ``b``, the items compared and the pairs of its family."""
     run_dir, first = runs.search(model, task, a, design)
     family = runs.comparisons(run_dir, first.design)
     found = [c for c in family if {c.a, c.b} == {a, b}]
     if not found:
         raise InactiveHeadsError(f"{a} and {b} are not compared for {model} on {task} (one zeroes no head?)")
-    c = found[0]
+    return found[0], first.n_items, len(family)
+
+
+def _compare(runs: _Runs, model: str, task: str, a: str, b: str, design: str = "adaptive") -> str:
+    c, _, pairs = _pair(runs, model, task, a, b, design)
     difference = difference_text(c)
     what = f"{difference} pts of heads" if difference else "order only (a crossing is censored)"
-    holm = p_text(c.p_holm, c.resamples, len(family))
+    holm = p_text(c.p_holm, c.resamples, pairs)
     return f"{score_label(c.a)} over {score_label(c.b)}: {what}, Holm p {holm} ({verdict_text(c)})"
+
+
+def _separate(runs: _Runs, model: str, task: str, a: str, b: str, design: str = "adaptive") -> str:
+    return separate_text(*_pair(runs, model, task, a, b, design))
 
 
 def _items(runs: _Runs, model: str, task: str, score: str, design: str = "adaptive") -> str:
@@ -142,6 +153,7 @@ QUOTE_KINDS: dict[str, Callable[..., str]] = {
     "compare": _compare,
     "items": _items,
     "decide": _decide,
+    "separate": _separate,
 }
 
 

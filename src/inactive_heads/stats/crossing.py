@@ -67,6 +67,7 @@ they serve as keys.
 from __future__ import annotations
 
 import math
+import statistics
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal
@@ -98,6 +99,7 @@ __all__ = [
     "holm",
     "item_order",
     "items_to_decide",
+    "items_to_separate",
     "search_crossing",
 ]
 
@@ -520,6 +522,21 @@ def holm(p_values: Sequence[float]) -> list[float]:
         running = max(running, min(1.0, (m - rank) * p_values[i]))
         adjusted[i] = running
     return adjusted
+
+
+def items_to_separate(c: Comparison, n_items: int, pairs: int, alpha: float = DEFAULT_ALPHA) -> int | None:
+    """The items at which pair ``c`` (of a family of ``pairs`` compared on ``n_items`` items) would be called
+    significant, had its crossings' difference held: with the bootstrap's spread shrinking as one over the root of
+    the items, its z (the normal quantile of ``c.share``) grows to Holm's strictest cut, ``alpha / pairs``
+    (two-sided). ``n_items`` for a pair already significant; None where the resamples show no direction
+    (``share`` at most 1/2). A planning figure, no estimate."""
+    if c.significant:
+        return n_items
+    if c.share <= 0.5:
+        return None
+    needed = statistics.NormalDist().inv_cdf(1 - alpha / (2 * pairs))
+    observed = statistics.NormalDist().inv_cdf(min(c.share, 1 - 0.5 / c.resamples))  # a share of 1: its bound
+    return max(n_items, math.ceil(n_items * (needed / observed) ** 2))
 
 
 def compare_crossings(
