@@ -20,8 +20,8 @@ import inactive_heads as ih
 import inactive_heads.evaluation as evaluation
 from inactive_heads.cli import main
 from inactive_heads.report.crossings import p_text
-from inactive_heads.report.quotes import check_quotes, unquoted_intervals
-from inactive_heads.report.tables import analysed_scores, analysis_targets, run_overlaps, threshold_table
+from inactive_heads.report.quotes import QUOTE_KINDS, check_quotes, unquoted_intervals
+from inactive_heads.report.tables import analysed_scores, analysis_targets, overlap_text, run_overlaps, threshold_table
 from inactive_heads.report.writer import write_report
 from inactive_heads.runs.adaptive import (
     Search,
@@ -143,6 +143,9 @@ def test_a_reading_s_quotes_are_checked_against_the_stored_searches(run, tmp_pat
     planned = items_to_separate(pair, found["awft"].n_items, 1)
     separate = "no direction" if planned is None else f"~{round(planned, 2 - len(str(planned))):,}"
     separate = "–" if pair.significant else separate
+    calibration = RunDir(run_dir).read_meta()["task"]  # type: ignore[index]
+    (overlap,) = run_overlaps(load_run(run_dir), [0.25])
+    shared = f"IoU {overlap_text(overlap, 'iou', overlap.names.index('awft'), overlap.names.index('ahon'))}"
     reading = tmp_path / "reading.md"
     reading.write_text(
         f"AHON: <!-- q crossing {name} {on} ahon -->{format_crossing(found['ahon'].crossing)}, after "
@@ -151,25 +154,30 @@ def test_a_reading_s_quotes_are_checked_against_the_stored_searches(run, tmp_pat
         f"<!-- q compare {name} {on} awft ahon -->{score_label(pair.a)} over\n"
         f"Deciding it takes <!-- q decide {name} {on} awft 1 -->{decide}.\n"
         f"Separating them: <!-- q separate {name} {on} ahon awft -->{separate}.\n"
+        f"They flag <!-- q overlap {name} {calibration} 0.25 awft ahon -->{shared} of heads alike.\n"
         "An unchecked interval [1.0, 2.5].\n"
     )
     quotes = check_quotes(reading, run_dir.parent)
-    assert [(q.line, q.ok) for q in quotes] == [(1, True), (1, True), (2, False), (3, False), (4, True), (5, True)]
+    wrong = [(2, False), (3, False)]  # the probe and the comparison quoted wrongly
+    assert [(q.line, q.ok) for q in quotes] == [(1, True), (1, True), *wrong, (4, True), (5, True), (6, True)]
+    assert re.fullmatch(r"IoU \d\.\d\d \[\d\.\d\d, \d\.\d\d\]", shared)
     assert quotes[2].expected.endswith(f"pts ({first.items:,} items, {first.decision})")
     assert quotes[3].expected.startswith(f"{score_label(pair.a)} over {score_label(pair.b)}: ")
     assert f"Holm p {pair.p_holm:.3f}" in quotes[3].expected
-    assert unquoted_intervals(reading, quotes) == [(6, "[1.0, 2.5]")]  # the crossing's interval is quoted
+    assert unquoted_intervals(reading, quotes) == [(7, "[1.0, 2.5]")]  # the crossing's interval is quoted
     assert main(["check-quotes", str(reading), "--runs", str(run_dir.parent)]) == 2
     printed = capsys.readouterr()
     assert f"{reading}:2: <!-- q probe {record['model']['name']} {on} awft 1 --> the runs give" in printed.out
-    assert "interval [1.0, 2.5] is not a checked quote" in printed.out and "4 of 6 quotes match" in printed.out
+    assert "interval [1.0, 2.5] is not a checked quote" in printed.out and "5 of 7 quotes match" in printed.out
     assert "2 quotes differ from the runs and 1 intervals are unchecked" in printed.err
     for bad, message in (
         (f"<!-- q crossing {name} {on} fhon -->", "no stored adaptive search of fhon"),
         (f"<!-- q crossing nobody {on} ahon -->", "no run of nobody on"),
         (f"<!-- q probe {name} {on} ahon 99 -->", "probe N counts from 1"),
+        (f"<!-- q overlap {name} {on} 0.25 awft random -->", "analyses both awft and random (random is never"),
+        (f"<!-- q overlap {name} {on} a-tenth awft ahon -->", "TARGET is a fraction of heads"),
         (f"<!-- q crossing {name} {on} ahon grid -->", "design must be one of adaptive, sequential-grid"),
-        ("<!-- q mean x -->", "unknown quote 'mean'; one of crossing, probe, compare, items, decide, separate"),
+        ("<!-- q mean x -->", f"unknown quote 'mean'; one of {', '.join(QUOTE_KINDS)}"),
         (f"<!-- q crossing {name} -->", "wrong arguments"),
     ):
         reading.write_text(f"text\n{bad}")

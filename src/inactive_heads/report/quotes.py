@@ -18,7 +18,10 @@ Quotes (``MODEL`` is a run's model name, ``TASK`` its task, ``DESIGN`` ``adaptiv
 - ``decide MODEL TASK SCORE N [DESIGN]``: the items the N-th probe's test would need to decide had the shares of its
   answers held (``~4,500``, ``> 1,000,000``; ``–`` once decided), as the report's probe table gives them;
 - ``separate MODEL TASK A B [DESIGN]``: the items at which the pair would be significant had its difference held
-  (``~59,000``; ``–`` once significant), as the report's comparisons give them.
+  (``~59,000``; ``–`` once significant), as the report's comparisons give them;
+- ``overlap MODEL CALIBRATION TARGET A B``: the IoU of the heads two functions flag at ``TARGET`` on the model's
+  calibration on task ``CALIBRATION``, with its bootstrap interval as the report's overlap section computes it
+  (``IoU 0.30 [0.29, 0.30]``).
 
 :func:`check_quotes` returns every quote with what the runs give; :func:`unquoted_intervals` finds bracketed
 intervals outside any quote (a reading that claims only what holds quotes each one).
@@ -35,9 +38,10 @@ from pathlib import Path
 
 from ..errors import InactiveHeadsError
 from ..runs.adaptive import Search, SearchDesign, compare_searches, load_searches, stored_probes
-from ..runs.directory import RunDir, score_label
+from ..runs.directory import RunData, RunDir, load_run, score_label
 from ..stats.crossing import Comparison, format_crossing
 from .crossings import decide_text, difference_text, p_text, probe_change_text, separate_text, verdict_text
+from .tables import analysed_scores, overlap_text, run_overlaps
 
 __all__ = ["QUOTE_KINDS", "Quote", "check_quotes", "unquoted_intervals"]
 
@@ -83,6 +87,16 @@ class _Runs:
             what = "no" if not found else f"{len(found)}"
             raise InactiveHeadsError(f"{what} stored {design} search of {score} for {model} on {task}")
         return found[0]
+
+    def calibrated_on(self, model: str, calibration: str) -> list[RunData]:
+        """The runs of ``model`` calibrated on task ``calibration`` whose scores are stored."""
+        found = []
+        for (m, _), dirs in sorted(self.dirs.items()):
+            for d in dirs:
+                meta = RunDir(d).read_meta() if m == model else None
+                if meta is not None and meta.get("task") == calibration and (run := load_run(d)).scores is not None:
+                    found.append(run)
+        return found
 
     def _dirs(self, model: str, task: str) -> list[Path]:
         dirs = self.dirs.get((model, task))
@@ -146,6 +160,20 @@ def _decide(runs: _Runs, model: str, task: str, score: str, n: str, design: str 
     return decide_text(probe, search.design)
 
 
+def _overlap(runs: _Runs, model: str, calibration: str, target: str, a: str, b: str) -> str:
+    try:
+        at = float(target)
+    except ValueError:
+        raise InactiveHeadsError(f"TARGET is a fraction of heads, e.g. 0.1, got {target!r}") from None
+    for run in runs.calibrated_on(model, calibration):  # runs sharing a calibration hold the same scores
+        if a in (names := analysed_scores(run)) and b in names and "random" not in (a, b):
+            o = run_overlaps(run, [at])[0]
+            return f"IoU {overlap_text(o, 'iou', o.names.index(a), o.names.index(b))}"
+    raise InactiveHeadsError(
+        f"no run of {model} calibrated on {calibration} analyses both {a} and {b} (random is never analysed)"
+    )
+
+
 #: Each quote kind and its function of the runs and the marker's arguments.
 QUOTE_KINDS: dict[str, Callable[..., str]] = {
     "crossing": _crossing,
@@ -154,6 +182,7 @@ QUOTE_KINDS: dict[str, Callable[..., str]] = {
     "items": _items,
     "decide": _decide,
     "separate": _separate,
+    "overlap": _overlap,
 }
 
 

@@ -41,6 +41,7 @@ __all__ = [
     "cascade_table",
     "interval_text",
     "overlap_table",
+    "overlap_text",
     "protocol_table",
     "run_bootstrap",
     "run_overlaps",
@@ -166,7 +167,9 @@ def scores_flat_within_layers(run: RunData) -> list[str]:
     return out
 
 
-def _ratio_text(o: Overlap, which: str, i: int, j: int) -> str:
+def overlap_text(o: Overlap, which: str, i: int, j: int) -> str:
+    """The IoU (``which`` "iou") or precision of functions ``i`` and ``j`` of ``o`` to 2 decimals, with its interval
+    where ``o`` has them."""
     value = float((o.iou if which == "iou" else o.precision)[i, j])
     bounds = o.iou_interval if which == "iou" else o.precision_interval
     if bounds is None:
@@ -184,12 +187,12 @@ def overlap_table(overlaps: Sequence[Overlap]) -> Table:
         _, pa, pb = o.max_pair("precision")
         pair = "–"
         if "ahon_ln" in o.names and "avvn_ln" in o.names:
-            pair = _ratio_text(o, "iou", at("ahon_ln"), at("avvn_ln"))
+            pair = overlap_text(o, "iou", at("ahon_ln"), at("avvn_ln"))
         rows.append(
             [
                 f"{o.target:g}",
-                f"{_ratio_text(o, 'iou', at(ia), at(ib))} ({score_label(ia)}, {score_label(ib)})",
-                f"{_ratio_text(o, 'precision', at(pa), at(pb))} ({score_label(pa)} in {score_label(pb)})",
+                f"{overlap_text(o, 'iou', at(ia), at(ib))} ({score_label(ia)}, {score_label(ib)})",
+                f"{overlap_text(o, 'precision', at(pa), at(pb))} ({score_label(pa)} in {score_label(pb)})",
                 pair,
             ]
         )
