@@ -209,6 +209,28 @@ def test_calibration_analyses_cover_searched_functions(run, tmp_path):
     assert [r[2] for r in rows] == [f"{t:.4g}" for t in wanted]
 
 
+def test_a_reading_quotes_the_threshold_spread_of_a_model_s_calibrations(run, tmp_path):
+    model, tok, task, run_dir = run
+    search_score(model, tok, task, run_dir, "awft", _DESIGN, batch_size=8)
+    other = dataclasses.replace(recall_task(n_items=24, seed=2, n_words=6), name="recall_other")
+    ih.calibrate(model, tok, other, run_dir.parent / "other", batch_size=8, progress=False)
+    search_score(model, tok, other, run_dir.parent / "other", "awft", _DESIGN, batch_size=8)
+    name = shlex.quote(RunDir(run_dir).read_run()["model"]["name"])
+    _, rows = threshold_table([load_run(run_dir), load_run(run_dir.parent / "other")])
+    spread = next(r[-1] for r in rows if r[0] == "AWFT" and r[1] == "0.1")
+    assert re.fullmatch(r"\d\.\d{3} \[\d\.\d{3}, \d\.\d{3}\]", spread)
+    reading = tmp_path / "reading.md"
+    reading.write_text(f"AWFT's thresholds move by <!-- q spread {name} awft 0.10 -->{spread} across tasks.\n")
+    assert [q.ok for q in check_quotes(reading, run_dir.parent)] == [True]
+    for bad, message in (
+        (f"<!-- q spread {name} awft 0.1 heldout -->", "has no two tasks calibrated with heldout items"),
+        (f"<!-- q spread {name} fhon 0.1 -->", "no threshold of fhon at 0.1"),
+    ):
+        reading.write_text(bad)
+        with pytest.raises(ih.InactiveHeadsError, match=re.escape(message)):
+            check_quotes(reading, run_dir.parent)
+
+
 def test_censored_and_not_applicable_in_the_report(run, tmp_path):
     model, tok, task, run_dir = run
     # A tolerance of 50 points: zeroing at random never leaves it, so the crossing lies above the largest probe.

@@ -21,7 +21,10 @@ Quotes (``MODEL`` is a run's model name, ``TASK`` its task, ``DESIGN`` ``adaptiv
   (``~59,000``; ``–`` once significant), as the report's comparisons give them;
 - ``overlap MODEL CALIBRATION TARGET A B``: the IoU of the heads two functions flag at ``TARGET`` on the model's
   calibration on task ``CALIBRATION``, with its bootstrap interval as the report's overlap section computes it
-  (``IoU 0.30 [0.29, 0.30]``).
+  (``IoU 0.30 [0.29, 0.30]``);
+- ``spread MODEL SCORE TARGET [ITEMS]``: how far the thresholds of the model's calibrations on different tasks
+  (``ITEMS`` ``same`` (default) or ``heldout``, as the report groups them) lie apart, with its bootstrap interval, as
+  the report's threshold-stability table gives it (``0.412 [0.301, 0.530]``).
 
 :func:`check_quotes` returns every quote with what the runs give; :func:`unquoted_intervals` finds bracketed
 intervals outside any quote (a reading that claims only what holds quotes each one).
@@ -41,7 +44,7 @@ from ..runs.adaptive import Search, SearchDesign, compare_searches, load_searche
 from ..runs.directory import RunData, RunDir, load_run, score_label
 from ..stats.crossing import Comparison, format_crossing
 from .crossings import decide_text, difference_text, p_text, probe_change_text, separate_text, verdict_text
-from .tables import analysed_scores, overlap_text, run_overlaps
+from .tables import analysed_scores, overlap_text, run_overlaps, threshold_groups, threshold_table
 
 __all__ = ["QUOTE_KINDS", "Quote", "check_quotes", "unquoted_intervals"]
 
@@ -160,11 +163,15 @@ def _decide(runs: _Runs, model: str, task: str, score: str, n: str, design: str 
     return decide_text(probe, search.design)
 
 
-def _overlap(runs: _Runs, model: str, calibration: str, target: str, a: str, b: str) -> str:
+def _fraction(target: str) -> float:
     try:
-        at = float(target)
+        return float(target)
     except ValueError:
         raise InactiveHeadsError(f"TARGET is a fraction of heads, e.g. 0.1, got {target!r}") from None
+
+
+def _overlap(runs: _Runs, model: str, calibration: str, target: str, a: str, b: str) -> str:
+    at = _fraction(target)
     for run in runs.calibrated_on(model, calibration):  # runs sharing a calibration hold the same scores
         if a in (names := analysed_scores(run)) and b in names and "random" not in (a, b):
             o = run_overlaps(run, [at])[0]
@@ -172,6 +179,18 @@ def _overlap(runs: _Runs, model: str, calibration: str, target: str, a: str, b: 
     raise InactiveHeadsError(
         f"no run of {model} calibrated on {calibration} analyses both {a} and {b} (random is never analysed)"
     )
+
+
+def _spread(runs: _Runs, model: str, score: str, target: str, items: str = "same") -> str:
+    loaded = [load_run(d) for (m, _), dirs in sorted(runs.dirs.items()) if m == model for d in dirs]
+    group = threshold_groups([r for r in loaded if r.calibration_meta]).get((model, items))
+    table = None if group is None else threshold_table(group)
+    if table is None:
+        raise InactiveHeadsError(f"{model} has no two tasks calibrated with {items} items to compare thresholds of")
+    for row in table[1]:
+        if row[0] == score_label(score) and row[1] == f"{_fraction(target):g}":
+            return row[-1]
+    raise InactiveHeadsError(f"no threshold of {score} at {target} on {model}'s calibrations")
 
 
 #: Each quote kind and its function of the runs and the marker's arguments.
@@ -183,6 +202,7 @@ QUOTE_KINDS: dict[str, Callable[..., str]] = {
     "decide": _decide,
     "separate": _separate,
     "overlap": _overlap,
+    "spread": _spread,
 }
 
 

@@ -47,6 +47,7 @@ __all__ = [
     "run_overlaps",
     "scores_flat_within_layers",
     "significant_pairs",
+    "threshold_groups",
     "threshold_table",
 ]
 
@@ -227,6 +228,15 @@ def _resampled_thresholds(
             thresholds = resampled_thresholds(values, side, targets, dense[task][0], draws)
             out.update({(task, score, p): thresholds[:, j] for j, p in enumerate(targets)})
     return out
+
+
+def threshold_groups(runs: Sequence[RunData]) -> dict[tuple[str, str], list[RunData]]:
+    """The runs whose thresholds a stability table sets side by side: per model, those calibrated the same way
+    (on the evaluated items, or held out), keyed by (model, "same" or "heldout")."""
+    groups: dict[tuple[str, str], list[RunData]] = {}
+    for r in runs:
+        groups.setdefault((r.name, str(r.calibration_meta.get("items", "same"))), []).append(r)
+    return groups
 
 
 def threshold_table(runs: Sequence[RunData], n_resamples: int = DEFAULT_RESAMPLES, seed: int = 0) -> Table | None:

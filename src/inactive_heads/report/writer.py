@@ -35,6 +35,7 @@ from .tables import (
     run_overlaps,
     scores_flat_within_layers,
     significant_pairs,
+    threshold_groups,
     threshold_table,
 )
 
@@ -481,9 +482,7 @@ def _overlap_section(doc: Document, runs: Sequence[RunData], n_resamples: int, s
 
 
 def _threshold_section(doc: Document, runs: Sequence[RunData], n_resamples: int, seed: int) -> None:
-    groups: dict[tuple[str, str], list[RunData]] = {}
-    for r in runs:
-        groups.setdefault((r.name, str(r.calibration_meta.get("items", "same"))), []).append(r)
+    groups = threshold_groups(runs)
     tables = [(key, t) for key, group in groups.items() if (t := threshold_table(group, n_resamples, seed)) is not None]
     if not tables:
         return
