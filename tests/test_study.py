@@ -302,6 +302,42 @@ def test_compact_scores_are_float16_copies_that_reports_read_alone(local_run, wo
     assert {p.name: p.read_bytes() for p in (out / "report").glob("*.md")} == report
 
 
+def test_one_calibration_recorded_twice_keeps_one_compact_copy(workspace, tmp_path):
+    """Runs of two tasks calibrated on the same third task hold the same scores: the study keeps one compact copy
+    and a checked reference to it, and every report reads the same numbers as from two copies."""
+    path = _study_file(workspace, "twins", extra="compact_scores = true")
+    text = path.read_text().replace(
+        'name = "recall_short"\nlimit = 6', 'name = "recall_short"\nlimit = 6\ncalibration_task = "recall"'
+    )
+    path.write_text(
+        text.replace('name = "recall"\nlimit = 6', 'name = "recall"\nlimit = 6\ncalibration_task = "recall"', 1)
+    )
+    out = tmp_path / "study"
+    ih.study(path, out, models=["llama"], progress=False, report=False)
+    runs = [RunDir(r) for r in sorted((out / "runs").iterdir())]
+    assert len(runs) == 2 and all(r.read_meta() is not None for r in runs)
+    owner, twin = sorted(runs, key=lambda r: not r.compact_scores_path.is_file())
+    assert owner.compact_scores_path.is_file() and not twin.compact_scores_path.is_file()
+    reference = json.loads(twin.compact_reference_path.read_text())
+    assert (twin.compact_reference_path.parent / reference["same_as"]).resolve() == owner.compact_scores_path.resolve()
+    full = twin.read_scores()
+    shared = load_run(twin.root).scores
+    assert full is not None and shared is not None
+    assert all(torch.equal(shared[n], full.derive([n])[n].half().float()) for n in ("ahon_ln", "ahon_sq"))
+    ih.study(path, out, models=(), progress=False)  # the report, from the copy and the reference
+    report = (out / "report" / "report.md").read_bytes()
+    for r in runs:
+        r.scores_path.unlink()
+    again = ih.study(path, out, models=["llama"], progress=False)
+    assert again.calibrated == again.computed == 0 and (out / "report" / "report.md").read_bytes() == report
+    scores = ih.HeadScores.load(owner.compact_scores_path)
+    ih.HeadScores({n: scores[n] + 1 for n in scores.names}, scores.meta).save(
+        owner.compact_scores_path, dtype=torch.float16
+    )
+    with pytest.raises(ih.InactiveHeadsError, match="are missing or have changed; run the study again"):
+        load_run(twin.root)
+
+
 def test_threshold_stability_gives_the_thresholds_the_cells_used(local_run):
     """Taken from the calibration scores, the thresholds side by side are exactly those the sweep's cells used."""
     runs = [load_run(d) for d in sorted((local_run.out / "runs").iterdir())]

@@ -8,6 +8,9 @@ Layout::
     calibration/scores.float16.safetensors
                                     optional compact copy: the scores a study names, as float16, small enough to
                                      commit; reports read it in preference to the full file (see read_report_scores)
+    calibration/scores.float16.json in place of the copy where another run of the study holds the very same one
+                                     (one calibration recorded twice): {same_as: its path, relative; sha256: of
+                                     its tensors}
     calibration/meta.json           written last: its presence marks a complete calibration
     calibration/thresholds.json     the thresholds cells were planned with: {calibration (the identity fields of
                                      meta.json), scores: {name: {definition, targets: {p: threshold}}}}; cell keys
@@ -323,6 +326,19 @@ CELL_FIELDS = tuple(f.name for f in fields(Cell) if f.default is MISSING)
 # --- the directory -----------------------------------------------------------------------------------------------
 
 
+def _compact_digest(path: Path) -> str:
+    """sha256 of a scores file's tensors (names, dtypes, shapes, values), whatever its metadata says."""
+    from safetensors import safe_open
+
+    h = hashlib.sha256()
+    with safe_open(str(path), "pt") as f:
+        for name in sorted(f.keys()):
+            tensor = f.get_tensor(name)
+            h.update(f"{name}:{tensor.dtype}:{tuple(tensor.shape)}".encode())
+            h.update(tensor.reshape(-1).view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()
+
+
 class RunDir:
     """Paths of one run directory and reading/writing its records (layout: see the module docstring)."""
 
@@ -340,6 +356,10 @@ class RunDir:
     @property
     def compact_scores_path(self) -> Path:
         return self.root / "calibration" / "scores.float16.safetensors"
+
+    @property
+    def compact_reference_path(self) -> Path:
+        return self.root / "calibration" / "scores.float16.json"
 
     @property
     def meta_path(self) -> Path:
@@ -446,15 +466,46 @@ class RunDir:
             if bool((values.isfinite() & ~values.to(torch.float16).isfinite()).any()):
                 raise InactiveHeadsError(f"{self.root}: score {n!r} exceeds float16's range; keep the full scores")
         kept.save(self.compact_scores_path, dtype=torch.float16)
+        self.compact_reference_path.unlink(missing_ok=True)
+        return True
+
+    def compact_scores_source(self) -> Path | None:
+        """The compact copy this run's report reads: its own, or the identical copy of another run it refers to
+        (checked: InactiveHeadsError, naming the fix, when that copy is missing or no longer the same); None when
+        neither is kept."""
+        if self.compact_scores_path.is_file():
+            return self.compact_scores_path
+        if not self.compact_reference_path.is_file():
+            return None
+        reference = _json_object(self.compact_reference_path)
+        source = self.compact_reference_path.parent / str(reference.get("same_as"))
+        if not source.is_file() or _compact_digest(source) != reference.get("sha256"):
+            raise InactiveHeadsError(
+                f"{self.root}: the compact calibration scores it shares with {source.parent.parent} are missing or "
+                "have changed; run the study again on a machine that holds its full scores, or remove "
+                f"{self.compact_reference_path} and record them again"
+            )
+        return source
+
+    def refer_compact_scores(self, owner: RunDir) -> bool:
+        """Replace this run's compact copy by a reference to ``owner``'s where the two hold the same tensors (one
+        calibration recorded twice, e.g. by runs of two tasks calibrated on a third); returns whether it did."""
+        if self.root == owner.root or not (self.compact_scores_path.is_file() and owner.compact_scores_path.is_file()):
+            return False
+        digest = _compact_digest(self.compact_scores_path)
+        if digest != _compact_digest(owner.compact_scores_path):
+            return False
+        same_as = os.path.relpath(owner.compact_scores_path, self.compact_reference_path.parent)
+        atomic_write_json(self.compact_reference_path, {"same_as": same_as, "sha256": digest})
+        self.compact_scores_path.unlink()
         return True
 
     def read_report_scores(self) -> HeadScores | None:
-        """The calibration scores a report analyses: the compact copy where one is kept (so a clone that holds only
-        the copy reports the same numbers as the machine that calibrated), else the full scores; None when neither
-        is stored or no calibration has completed."""
-        if self.read_meta() is not None and self.compact_scores_path.is_file():
-            return HeadScores.load(self.compact_scores_path)
-        return self.read_scores()
+        """The calibration scores a report analyses: the compact copy where one is kept, its own or the one it
+        shares (so a clone that holds only the copies reports the same numbers as the machine that calibrated), else
+        the full scores; None when neither is stored or no calibration has completed."""
+        source = self.compact_scores_source() if self.read_meta() is not None else None
+        return self.read_scores() if source is None else HeadScores.load(source)
 
     def read_calibration(self, score: str | None = None) -> HeadScores:
         """The scores of the completed calibration, with ``score`` derived when it was registered after calibrating;

@@ -274,9 +274,13 @@ class _Plan:
     def kept(self, run: _Run) -> bool:
         """Whether ``run``'s compact calibration scores hold every score function of its directory (then a report
         needs no new calibration pass)."""
-        path = RunDir(run.dir).compact_scores_path
-        wanted = _compacted(self.spec, run)
-        return self.spec.compact_scores and path.is_file() and set(wanted) <= set(HeadScores.load(path))
+        if not self.spec.compact_scores:
+            return False
+        try:
+            path = RunDir(run.dir).compact_scores_source()
+        except InactiveHeadsError:  # a shared copy gone or changed: this run writes its own again
+            return False
+        return path is not None and set(_compacted(self.spec, run)) <= set(HeadScores.load(path))
 
     def cells(self, run: _Run, cells: list[PlannedCell] | None = None) -> list[Job]:
         """Jobs for the cells of calibrated ``run`` (``cells``: its planned cells, when planned already) that are
@@ -292,6 +296,15 @@ class _Plan:
         self.reused += len(cells) - len(missing) + self.spec.searches(run.task) - len(unsearched)
         # The searches after the baseline cell, which each reads (a worker that reaches one first waits for it).
         return [_Cell(run, c) for c in missing] + [_Search(run, s) for s in unsearched]
+
+
+def _share_compact_scores(dirs: list[RunDir]) -> None:
+    """Keep one compact copy of each calibration recorded more than once (runs of tasks calibrated on the same
+    third task): the first run holding it keeps the file, each other run refers to it."""
+    owners: list[RunDir] = []
+    for rd in dirs:
+        if rd.compact_scores_path.is_file() and not any(rd.refer_compact_scores(owner) for owner in owners):
+            owners.append(rd)
 
 
 def _compacted(spec: Study, run: _Run) -> list[str]:
@@ -467,9 +480,11 @@ def study(
                     bar.close()
 
     if spec.compact_scores:
-        for r in {r.dir: r for r in runs}.values():  # a copy is missing or short: the full scores, if stored, give it
+        dirs = {r.dir: r for r in runs}
+        for r in dirs.values():  # a copy is missing or short: the full scores, if stored, give it
             if not plan.kept(r):
                 RunDir(r.dir).write_compact_scores(_compacted(spec, r))
+        _share_compact_scores([RunDir(d) for d in sorted(dirs)])
     report_path, no_report = None, None if report else "not asked for"
     if report:
         from ..report.writer import write_study_report
