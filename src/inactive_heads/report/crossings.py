@@ -7,7 +7,7 @@ from __future__ import annotations
 import csv
 import io
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from ..runs.adaptive import ProbeRecord, Search, SearchDesign, compare_searches, load_searches, stored_probes
 from ..runs.directory import RunData, score_label
@@ -149,7 +149,8 @@ def crossings_section(doc: Document, run: RunData, tag: str) -> bool:
                 for s in group
             ],
         )
-        _comparisons(doc, run, group)
+        answers = stored_probes(run.dir, group)  # every probe's per-item answers, read once
+        _comparisons(doc, run, group, answers)
         name = f"crossings_{tag}_{i}.png"
         doc.img(png(crossing_figure(group, run.name)), name, f"crossings, {run.name}, {text}")
         doc.p(
@@ -159,7 +160,6 @@ def crossings_section(doc: Document, run: RunData, tag: str) -> bool:
             "would need had the shares of its answers (worse, same, better than baseline) held; a planning figure, "
             "not an estimate (a true change nearer the tolerance needs many more)."
         )
-        answers = stored_probes(run.dir, group)
         doc.table(
             [
                 "score",
@@ -191,9 +191,11 @@ def crossings_section(doc: Document, run: RunData, tag: str) -> bool:
     return bool(searches)
 
 
-def _comparisons(doc: Document, run: RunData, searches: Sequence[Search]) -> None:
+def _comparisons(
+    doc: Document, run: RunData, searches: Sequence[Search], answers: Mapping[str, Sequence[Probe]]
+) -> None:
     """Which score function tolerates more zeroing than which, pair by pair, with Holm's correction."""
-    found = compare_searches(run.dir, searches)
+    found = compare_searches(run.dir, searches, probes=answers)
     if not found:
         return
     doc.p(

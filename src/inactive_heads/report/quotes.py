@@ -42,7 +42,7 @@ from pathlib import Path
 from ..errors import InactiveHeadsError
 from ..runs.adaptive import Search, SearchDesign, compare_searches, load_searches, stored_probes
 from ..runs.directory import RunData, RunDir, load_run, score_label
-from ..stats.crossing import Comparison, format_crossing
+from ..stats.crossing import Comparison, Probe, format_crossing
 from .crossings import decide_text, difference_text, p_text, probe_change_text, separate_text, verdict_text
 from .tables import analysed_scores, overlap_text, run_overlaps, threshold_groups, threshold_table
 
@@ -70,7 +70,8 @@ class Quote:
 
 
 class _Runs:
-    """The study's run directories by (model name, task), their searches read once."""
+    """The study's run directories by (model name, task); what quotes read of them (searches, per-item answers,
+    comparisons, runs, overlaps, threshold tables) is computed once."""
 
     def __init__(self, runs_dir: Path):
         self.dirs: dict[tuple[str, str], list[Path]] = {}
@@ -78,10 +79,27 @@ class _Runs:
             run = RunDir(d).read_run()
             self.dirs.setdefault((run["model"]["name"], run["task"]), []).append(d)
         self.searches = cache(load_searches)
+        self.probes = cache(self._probes)
         self.comparisons = cache(self._compare)
+        self.run = cache(load_run)
+        self.overlaps = cache(lambda run_dir, target: run_overlaps(self.run(run_dir), [target])[0])
+        self.thresholds = cache(self._thresholds)
+
+    def _of(self, run_dir: Path, design: SearchDesign) -> list[Search]:
+        return [s for s in self.searches(run_dir) if s.design == design]
+
+    def _probes(self, run_dir: Path, design: SearchDesign) -> dict[str, list[Probe]]:
+        return stored_probes(run_dir, self._of(run_dir, design))
 
     def _compare(self, run_dir: Path, design: SearchDesign) -> list[Comparison]:
-        return compare_searches(run_dir, [s for s in self.searches(run_dir) if s.design == design])
+        return compare_searches(run_dir, self._of(run_dir, design), probes=self.probes(run_dir, design))
+
+    def _thresholds(self, model: str, items: str) -> list[list[str]] | None:
+        """The rows of ``model``'s threshold-stability table over its calibrations with ``items``."""
+        loaded = [self.run(d) for (m, _), dirs in sorted(self.dirs.items()) if m == model for d in dirs]
+        group = threshold_groups([r for r in loaded if r.calibration_meta]).get((model, items))
+        table = None if group is None else threshold_table(group)
+        return None if table is None else table[1]
 
     def search(self, model: str, task: str, score: str, design: str) -> tuple[Path, Search]:
         found = [(d, s) for d in self._dirs(model, task) for s in self.searches(d) if s.score == score]
@@ -97,7 +115,7 @@ class _Runs:
         for (m, _), dirs in sorted(self.dirs.items()):
             for d in dirs:
                 meta = RunDir(d).read_meta() if m == model else None
-                if meta is not None and meta.get("task") == calibration and (run := load_run(d)).scores is not None:
+                if meta is not None and meta.get("task") == calibration and (run := self.run(d)).scores is not None:
                     found.append(run)
         return found
 
@@ -159,7 +177,7 @@ def _items(runs: _Runs, model: str, task: str, score: str, design: str = "adapti
 
 def _decide(runs: _Runs, model: str, task: str, score: str, n: str, design: str = "adaptive") -> str:
     run_dir, search = runs.search(model, task, score, design)
-    probe = stored_probes(run_dir, [search])[score][_nth(n, len(search.probes))]
+    probe = runs.probes(run_dir, search.design)[score][_nth(n, len(search.probes))]
     return decide_text(probe, search.design)
 
 
@@ -174,7 +192,7 @@ def _overlap(runs: _Runs, model: str, calibration: str, target: str, a: str, b: 
     at = _fraction(target)
     for run in runs.calibrated_on(model, calibration):  # runs sharing a calibration hold the same scores
         if a in (names := analysed_scores(run)) and b in names and "random" not in (a, b):
-            o = run_overlaps(run, [at])[0]
+            o = runs.overlaps(run.dir, at)
             return f"IoU {overlap_text(o, 'iou', o.names.index(a), o.names.index(b))}"
     raise InactiveHeadsError(
         f"no run of {model} calibrated on {calibration} analyses both {a} and {b} (random is never analysed)"
@@ -182,12 +200,10 @@ def _overlap(runs: _Runs, model: str, calibration: str, target: str, a: str, b: 
 
 
 def _spread(runs: _Runs, model: str, score: str, target: str, items: str = "same") -> str:
-    loaded = [load_run(d) for (m, _), dirs in sorted(runs.dirs.items()) if m == model for d in dirs]
-    group = threshold_groups([r for r in loaded if r.calibration_meta]).get((model, items))
-    table = None if group is None else threshold_table(group)
-    if table is None:
+    rows = runs.thresholds(model, items)
+    if rows is None:
         raise InactiveHeadsError(f"{model} has no two tasks calibrated with {items} items to compare thresholds of")
-    for row in table[1]:
+    for row in rows:
         if row[0] == score_label(score) and row[1] == f"{_fraction(target):g}":
             return row[-1]
     raise InactiveHeadsError(f"no threshold of {score} at {target} on {model}'s calibrations")

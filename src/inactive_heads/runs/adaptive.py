@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import math
 import numbers
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, fields, replace
 from functools import partial
 from pathlib import Path
@@ -581,13 +581,21 @@ def stored_probes(run_dir: str | Path, searches: Sequence[Search]) -> dict[str, 
     return {s.score: _probes(rd.root, s, blocks, index, base) for s in searches}
 
 
-def compare_searches(run_dir: str | Path, searches: Sequence[Search], *, seed: int = 0) -> list[Comparison]:
+def compare_searches(
+    run_dir: str | Path,
+    searches: Sequence[Search],
+    *,
+    seed: int = 0,
+    probes: Mapping[str, Sequence[Probe]] | None = None,
+) -> list[Comparison]:
     """Every pair of ``searches`` (of one run and one design) tested with
-    :func:`~inactive_heads.stats.crossing.compare_crossings` on the per-item answers stored in the run: one paired
-    bootstrap over the items, Holm's correction over the pairs; functions that zero no head are left out."""
+    :func:`~inactive_heads.stats.crossing.compare_crossings` on the per-item answers stored in the run (``probes``:
+    those of :func:`stored_probes`, where the caller has read them already): one paired bootstrap over the items,
+    Holm's correction over the pairs; functions that zero no head are left out."""
     if len({s.design for s in searches}) > 1:
         raise ValueError("compare searches of one design at a time")
     if not searches:
         return []
-    probes = stored_probes(run_dir, searches)
+    if probes is None:
+        probes = stored_probes(run_dir, searches)
     return compare_crossings(probes, tolerance=searches[0].design.tolerance, seed=seed)

@@ -71,6 +71,7 @@ __all__ = [
     "model_identity",
     "run_record",
     "score_label",
+    "share_compact_scores",
     "slug",
     "task_fingerprint",
 ]
@@ -339,6 +340,21 @@ def _compact_digest(path: Path) -> str:
     return h.hexdigest()
 
 
+def share_compact_scores(dirs: Sequence[RunDir]) -> None:
+    """Keep one compact copy of each calibration recorded more than once (e.g. by runs of two tasks calibrated on a
+    third): the first of ``dirs`` holding those tensors keeps its file, each other holds a reference to it."""
+    owners: dict[str, RunDir] = {}
+    for rd in dirs:
+        if not rd.compact_scores_path.is_file():
+            continue
+        digest = _compact_digest(rd.compact_scores_path)
+        owner = owners.setdefault(digest, rd)
+        if owner is not rd:
+            same_as = os.path.relpath(owner.compact_scores_path, rd.compact_reference_path.parent)
+            atomic_write_json(rd.compact_reference_path, {"same_as": same_as, "sha256": digest})
+            rd.compact_scores_path.unlink()
+
+
 class RunDir:
     """Paths of one run directory and reading/writing its records (layout: see the module docstring)."""
 
@@ -486,19 +502,6 @@ class RunDir:
                 f"{self.compact_reference_path} and record them again"
             )
         return source
-
-    def refer_compact_scores(self, owner: RunDir) -> bool:
-        """Replace this run's compact copy by a reference to ``owner``'s where the two hold the same tensors (one
-        calibration recorded twice, e.g. by runs of two tasks calibrated on a third); returns whether it did."""
-        if self.root == owner.root or not (self.compact_scores_path.is_file() and owner.compact_scores_path.is_file()):
-            return False
-        digest = _compact_digest(self.compact_scores_path)
-        if digest != _compact_digest(owner.compact_scores_path):
-            return False
-        same_as = os.path.relpath(owner.compact_scores_path, self.compact_reference_path.parent)
-        atomic_write_json(self.compact_reference_path, {"same_as": same_as, "sha256": digest})
-        self.compact_scores_path.unlink()
-        return True
 
     def read_report_scores(self) -> HeadScores | None:
         """The calibration scores a report analyses: the compact copy where one is kept, its own or the one it

@@ -32,7 +32,7 @@ from ..atomic import atomic_write_json
 from ..errors import InactiveHeadsError, UnknownNameError
 from ..evaluation import EvalConfig
 from ..runs.adaptive import load_searches, search_key, search_score
-from ..runs.directory import Cell, RunDir, run_digest
+from ..runs.directory import Cell, RunDir, run_digest, share_compact_scores
 from ..runs.jobs import PlannedCell, ScoresNotStored, calibrate, compute_cell, plan_cells
 from ..runs.store import package_version
 from ..scores import HeadScores
@@ -298,15 +298,6 @@ class _Plan:
         return [_Cell(run, c) for c in missing] + [_Search(run, s) for s in unsearched]
 
 
-def _share_compact_scores(dirs: list[RunDir]) -> None:
-    """Keep one compact copy of each calibration recorded more than once (runs of tasks calibrated on the same
-    third task): the first run holding it keeps the file, each other run refers to it."""
-    owners: list[RunDir] = []
-    for rd in dirs:
-        if rd.compact_scores_path.is_file() and not any(rd.refer_compact_scores(owner) for owner in owners):
-            owners.append(rd)
-
-
 def _compacted(spec: Study, run: _Run) -> list[str]:
     """The scores a run's compact copy keeps: the functions of its directory, but ``random`` (seeded uniform draws,
     which no analysis reads)."""
@@ -484,7 +475,7 @@ def study(
         for r in dirs.values():  # a copy is missing or short: the full scores, if stored, give it
             if not plan.kept(r):
                 RunDir(r.dir).write_compact_scores(_compacted(spec, r))
-        _share_compact_scores([RunDir(d) for d in sorted(dirs)])
+        share_compact_scores([RunDir(d) for d in sorted(dirs)])
     report_path, no_report = None, None if report else "not asked for"
     if report:
         from ..report.writer import write_study_report
