@@ -15,10 +15,10 @@ ratio, and the interval half-widths; then per run, the pairwise verdicts of each
 from __future__ import annotations
 
 import argparse
-import sys
 import tempfile
 from pathlib import Path
 
+from _quick import tiny_dir
 from _results import results_file, update_table
 
 import inactive_heads as ih
@@ -92,16 +92,12 @@ def measure(study: Path, out: Path) -> tuple[list[list[str]], list[list[str]]]:
 
 def _quick(root: Path) -> tuple[Path, Path]:
     """A tiny random model searched by both designs on 16 recall items."""
-    sys.path.insert(0, str(ROOT / "tests"))
-    from _tiny import tiny_model, tiny_tokenizer
-
-    tiny_model("llama").save_pretrained(root / "tiny")
-    tiny_tokenizer().save_pretrained(root / "tiny")
+    model = tiny_dir(root)
     study = root / "study.toml"
     study.write_text(
         f'name = "quick"\nscores = ["ahon", "random"]\ntargets = [0.25, 0.5]\nbatch_size = 8\n\n'
         f"[search]\nblock_size = 8\nmax_probes = 3\ntolerance = 0.05\n\n"
-        f'[[models]]\nname = "tiny"\nspec = "{root / "tiny"}"\n\n'
+        f'[[models]]\nname = "tiny"\nspec = "{model}"\n\n'
         f'[[tasks]]\nname = "recall"\nlimit = 16\ndesign = "adaptive"\n\n'
         f'[[tasks]]\nname = "recall"\nlimit = 16\ndesign = "sequential-grid"\n',
         encoding="utf-8",

@@ -28,7 +28,6 @@ script is run again. Then:
 from __future__ import annotations
 
 import argparse
-import sys
 import tempfile
 import time
 from collections.abc import Callable
@@ -37,6 +36,7 @@ from typing import Literal
 
 import numpy as np
 import torch
+from _quick import tiny_dir
 from _results import results_file, update_table  # bench/ is the script's directory, first on sys.path
 from torch.nn.utils.rnn import pad_sequence
 
@@ -182,14 +182,7 @@ def _quick(args: argparse.Namespace) -> None:
     temporary folders."""
     root = Path(tempfile.mkdtemp(prefix="bench_generation-"))
     if args.model is None:
-        sys.path.insert(0, str(ROOT / "tests"))
-        from _tiny import tiny_model, tiny_tokenizer
-
-        model = tiny_model("llama")
-        model.config.max_position_embeddings = 8192  # byte-level tokens: a 5-shot GSM8K prompt is ~3,000
-        model.save_pretrained(root / "tiny")
-        tiny_tokenizer().save_pretrained(root / "tiny")
-        args.model, args.name = str(root / "tiny"), "tiny"
+        args.model, args.name = str(tiny_dir(root, max_positions=8192)), "tiny"  # a 5-shot prompt: ~3,000 bytes
     args.out, args.limit, args.max_gen_toks, args.shots = root / "runs", 2, 8, 0
     args.speed_prompts, args.speed_tokens, args.recompute_tokens = 2, 8, [8]
 

@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from _quick import tiny
 from _results import results_file, update_table  # bench/ is the script's directory, first on sys.path
 
 import inactive_heads as ih
@@ -116,10 +117,7 @@ def frontier_figure(panels: Sequence[tuple[str, float, Sequence[Mapping[str, Any
 
 def _load(name: str, qwen_gguf: Path | None) -> tuple[Any, Any]:
     if name == "tiny":
-        sys.path.insert(0, str(ROOT / "tests"))
-        from _tiny import tiny_model, tiny_tokenizer
-
-        return tiny_model("llama"), tiny_tokenizer()
+        return tiny()
     if name == "smollm2":
         return ih.load_model(demo_model_path())
     if name == "qwen":

@@ -26,12 +26,11 @@ import dataclasses
 import json
 import os
 import shutil
-import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
 
+from _quick import tiny, tiny_dir
 from _results import results_file, update_table  # bench/ is the script's directory, first on sys.path
 
 import inactive_heads as ih
@@ -166,7 +165,7 @@ def paper(args: argparse.Namespace) -> None:
 
     from inactive_heads.loading import demo_model_path
 
-    model, tokenizer = _tiny() if args.quick else ih.load_model(demo_model_path())
+    model, tokenizer = tiny() if args.quick else ih.load_model(demo_model_path())
     n_params = sum(p.numel() for p in model.parameters())
     grid = ih.load_study(ROOT / "examples" / "paper.toml")
     evals_per_run = grid.max_cells // (len(grid.models) * len(grid.tasks)) + 1  # cells + the calibration
@@ -204,23 +203,14 @@ def paper(args: argparse.Namespace) -> None:
     update_table("bench_study_paper", header, rows, key=1, path=args.results)
 
 
-def _tiny() -> tuple[Any, Any]:
-    sys.path.insert(0, str(ROOT / "tests"))
-    from _tiny import tiny_model, tiny_tokenizer
-
-    return tiny_model("llama"), tiny_tokenizer()
-
-
 def _quick(args: argparse.Namespace) -> None:
     """``scaling`` on a study of the tiny model (local executor, 4 items), then ``paper`` on the tiny model."""
     root = Path(tempfile.mkdtemp(prefix="bench_study-quick-"))
-    model, tokenizer = _tiny()
-    model.save_pretrained(root / "tiny")
-    tokenizer.save_pretrained(root / "tiny")
+    model = tiny_dir(root)
     study = root / "study.toml"
     study.write_text(
         f'name = "quick"\nscores = ["ahon_ln", "random"]\ntargets = [0.25]\n\n[[models]]\nname = "tiny"\n'
-        f'spec = "{root / "tiny"}"\n\n[[tasks]]\nname = "recall"\nlimit = 4\n',
+        f'spec = "{model}"\n\n[[tasks]]\nname = "recall"\nlimit = 4\n',
         encoding="utf-8",
     )
     scaling(argparse.Namespace(**vars(args), study=study, out=root / "out", configs=["local"], progress=False, limit=0))
