@@ -148,6 +148,24 @@ class Task:
     #: few-shot examples fixed per item id (see :func:`pinned`); None: drawn from the pools
     examples: Mapping[str, tuple[Item, ...]] | None = None
 
+    @classmethod
+    def own_validation(
+        cls, name: str, items: list[Item], metrics: tuple[str, ...], sources: list[str], notes: str = ""
+    ) -> Task:
+        """A 0-shot-by-default task on a validation split that is also its few-shot pool (lm-eval's way when the
+        train split is unavailable): the scored item is never its own example."""
+        return cls(
+            name=name,
+            items=items,
+            metrics=metrics,
+            fewshot={"": items},
+            fewshot_excludes_item=True,
+            split="validation",
+            fewshot_split="validation (train unavailable)",
+            sources=sources,
+            notes=notes,
+        )
+
     def description(self, item: Item) -> str:
         return self.descriptions.get(item.group, "")
 

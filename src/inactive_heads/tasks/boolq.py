@@ -48,14 +48,4 @@ def boolq(data_dir: Path | None, source: str) -> Task:
             path,
         )
         sources = [str(path)]
-    return Task(
-        name="boolq",
-        items=items,
-        metrics=("acc",),
-        default_shots=0,
-        fewshot={"": items},
-        fewshot_excludes_item=True,
-        split="validation",
-        fewshot_split="validation (train unavailable)",
-        sources=sources,
-    )
+    return Task.own_validation("boolq", items, ("acc",), sources)

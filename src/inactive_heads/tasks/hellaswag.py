@@ -84,15 +84,4 @@ def hellaswag(data_dir: Path | None, source: str) -> Task:
             notes = "derived text file: ctx_b capitalisation of lm-eval not reproducible"
         else:
             raise DataError(f"neither {official} (official jsonl) nor {derived} (llama.cpp text format) exists")
-    return Task(
-        name="hellaswag",
-        items=items,
-        metrics=("acc", "acc_norm"),
-        default_shots=0,
-        fewshot={"": items},
-        fewshot_excludes_item=True,
-        split="validation",
-        fewshot_split="validation (train unavailable)",
-        sources=sources,
-        notes=notes,
-    )
+    return Task.own_validation("hellaswag", items, ("acc", "acc_norm"), sources, notes)

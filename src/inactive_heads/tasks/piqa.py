@@ -56,14 +56,4 @@ def piqa(data_dir: Path | None, source: str) -> Task:
 
         items = convert(rows, row_item, path)
         sources = [str(path), str(lpath)]
-    return Task(
-        name="piqa",
-        items=items,
-        metrics=("acc", "acc_norm"),
-        default_shots=0,
-        fewshot={"": items},
-        fewshot_excludes_item=True,
-        split="validation",
-        fewshot_split="validation (train unavailable)",
-        sources=sources,
-    )
+    return Task.own_validation("piqa", items, ("acc", "acc_norm"), sources)

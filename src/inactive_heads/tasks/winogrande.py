@@ -73,14 +73,4 @@ def winogrande(data_dir: Path | None, source: str) -> Task:
             )
 
         items = convert(rows, row_item, path)
-    return Task(
-        name="winogrande",
-        items=items,
-        metrics=("acc",),
-        default_shots=0,
-        fewshot={"": items},
-        fewshot_excludes_item=True,
-        split="validation",
-        fewshot_split="validation (train unavailable)",
-        sources=sources,
-    )
+    return Task.own_validation("winogrande", items, ("acc",), sources)
