@@ -8,6 +8,7 @@ import pytest
 import torch
 import transformers
 from _reference import reference_run
+from _tiny import tiny_model, tiny_tokenizer
 
 import inactive_heads as ih
 from inactive_heads.loading import load_model
@@ -22,6 +23,17 @@ def test_missing_path_is_named(tmp_path):
         load_model(str(tmp_path / "a" / "b" / "c"))
     with pytest.raises(FileNotFoundError, match=r"config\.json"):
         load_model(tmp_path)
+
+
+def test_a_path_from_the_home_folder_loads(tmp_path, monkeypatch):
+    """``~/...`` is the home folder, as in a shell and a study file; the identity records the expanded path."""
+    tiny_model("llama").save_pretrained(tmp_path / "tiny")
+    tiny_tokenizer().save_pretrained(tmp_path / "tiny")
+    monkeypatch.setenv("HOME", str(tmp_path))
+    model, _ = load_model("~/tiny")
+    assert model.inactive_heads_source["spec"] == str(tmp_path / "tiny")
+    with pytest.raises(FileNotFoundError, match=f"no GGUF file at {tmp_path}"):
+        load_model("~/nope.gguf")
 
 
 def test_corrupt_gguf_is_named(tmp_path, monkeypatch):

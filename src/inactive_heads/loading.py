@@ -60,9 +60,9 @@ def load_model(
     A GGUF file is de-quantised on first use and cached as safetensors under :func:`cache_dir`, keyed by the file's
     sha256, so later loads take seconds. ``model.inactive_heads_source`` records what was loaded (for run metadata).
     A directory written by :func:`inactive_heads.save_pruned` loads as the pruned model (plain transformers cannot
-    load it: its layers have their own head counts and uneven query groups).
+    load it: its layers have their own head counts and uneven query groups). A leading ``~`` is the home folder.
     """
-    path = Path(spec)
+    path = Path(spec).expanduser()
     source: str | Path
     identity: dict[str, str | None]
     if path.suffix == ".gguf":
