@@ -2,11 +2,12 @@
 
 Per model, the GGUF file is loaded twice (de-quantised to float32 and to bfloat16) and both evaluate the same
 ``--limit`` items of ``--task`` (0-shot, a seeded subset) under ``--score`` at the threshold that zeroes
-``--target`` of the heads on those items' gold sequences (recorded once, in float32), alternating, ``--repeats``
-times, in one process. Rows go to ``bench_dtype`` in ``bench/RESULTS.md``: the median seconds of each, the speed-up,
-the share of items whose chosen answer is the same, and bfloat16's accuracy minus float32's with its paired
-bootstrap interval (1,000 resamples, seed 0). The CPU's bfloat16 support is printed with the row: without
-``avx512_bf16`` (or AMX) a bfloat16 matrix product has no instructions of its own and is not expected to gain.
+``--target`` of the heads on those items (recorded once, in float32, as a sweep calibrates on its evaluated items),
+alternating, ``--repeats`` times, in one process. Rows go to ``bench_dtype`` in ``bench/RESULTS.md``: the median
+seconds of each, the speed-up, the share of items whose chosen answer is the same, and bfloat16's accuracy minus
+float32's with its paired bootstrap interval (1,000 resamples, seed 0). The CPU's bfloat16 support is printed with
+the row: without ``avx512_bf16`` (or AMX) a bfloat16 matrix product has no instructions of its own and is not
+expected to gain.
 
     python bench/bench_dtype.py --model FILE.gguf --name NAME [--limit 200] [--repeats 2]
     python bench/bench_dtype.py --quick    # the tests' tiny model on 8 items, into a temporary copy of RESULTS.md
@@ -28,7 +29,7 @@ from _results import results_file, update_table  # bench/ is the script's direct
 
 import inactive_heads as ih
 from inactive_heads.stats.bootstrap import bootstrap_difference
-from inactive_heads.tasks import get_task, subset
+from inactive_heads.tasks import get_task
 
 HEADER = [
     "model", "task", "items", "policy", "repeats", "float32 s", "bfloat16 s", "speed-up", "same answer",
@@ -49,19 +50,19 @@ def _cpu_bf16() -> str:
 def _measure(spec: str, name: str, args: argparse.Namespace) -> list[str]:
     models = {dtype: ih.load_model(spec, dtype) for dtype in (torch.float32, torch.bfloat16)}
     task = get_task(args.task, args.data_dir)
-    items = subset(task.items, args.limit, 0)
-    model, tok = models[torch.float32]
-    texts = [item.contexts[0] + task.target_delimiter + item.continuations[item.gold] for item in items]
-    side = ih.SCORE_FUNCTIONS[args.score].inactive_when
-    scores = ih.record_scores(model, tok, texts, batch_size=args.batch_size)[args.score]
-    policy = ih.Policy(score=args.score, threshold=ih.thresholds_from_cdf(scores, side, [args.target])[0])
     config = ih.EvalConfig(limit=args.limit, data_dir=args.data_dir, batch_size=args.batch_size)
+    # Calibrated as a sweep calibrates on the evaluated items: every scored sequence, recorded in float32.
+    recorded = ih.evaluate(*models[torch.float32], task, config, record=True).scores
+    assert recorded is not None
+    side = ih.SCORE_FUNCTIONS[args.score].inactive_when
+    threshold = ih.thresholds_from_cdf(recorded[args.score], side, [args.target])[0]
+    policy = ih.Policy(score=args.score, threshold=threshold)
     seconds: dict[torch.dtype, list[float]] = {d: [] for d in models}
     results = {}
     for _ in range(args.repeats):
         for dtype, (m, t) in models.items():
             start = time.perf_counter()
-            results[dtype] = ih.evaluate(m, t, args.task, config, policy=policy)
+            results[dtype] = ih.evaluate(m, t, task, config, policy=policy)
             seconds[dtype].append(time.perf_counter() - start)
     a, b = results[torch.float32], results[torch.bfloat16]
     assert a.item_ids == b.item_ids
