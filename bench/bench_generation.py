@@ -188,8 +188,10 @@ def _quick(args: argparse.Namespace) -> None:
 
 
 def _write(run_dirs: list[Path], label: str, args: argparse.Namespace) -> None:
-    """The cascade table of the runs' stored cells into RESULTS.md, and their report."""
-    table = cascade_table([load_run(d) for d in run_dirs])
+    """The cascade table of the runs' stored cells into RESULTS.md, and the report of those whose baseline is
+    stored (a run still computing its baseline has nothing to compare against)."""
+    runs = [load_run(d) for d in run_dirs]
+    table = cascade_table(runs)
     if table is None:
         raise SystemExit("no generative cells stored yet")
     header, rows = table
@@ -197,7 +199,7 @@ def _write(run_dirs: list[Path], label: str, args: argparse.Namespace) -> None:
         "bench_generation_cascade", ["model", "items", "max new tokens", *header],
         [[label, str(args.limit), str(args.max_gen_toks), *r] for r in rows], key=6, path=args.results,
     )  # fmt: skip
-    ih.write_report(run_dirs, args.out / "report")
+    ih.write_report([r.dir for r in runs if any(c.score is None for c in r.cells)], args.out / "report")
 
 
 def main() -> None:
