@@ -444,6 +444,13 @@ def test_sweep_runs_a_generative_task_and_resumes(model, tok, tmp_path, mode):
             assert kv == f"{unread:.1f} / {dropped:.1f}" and dropped <= unread
         else:
             assert kv == "–"
+        flipped = row[header.index("% steps flipped")]
+        if mode == "recompute":  # per row, the steps after its prompt's pass at which some decision changed
+            steps = [len(t) - 1 for t in gen["generated_tokens"]]
+            assert all(0 <= f <= n for f, n in zip(gen["flips"], steps, strict=True))
+            assert flipped == f"{100 * sum(gen['flips']) / max(sum(steps), 1):.1f}"
+        else:
+            assert flipped == "–"
     assert [r[1] for r in rows] == ["baseline", "AHON (LN)", "AHON (LN)", "Random", "Random"]
     for row in rows:
         if row[header.index("% zeroed")] == "0.0":  # a cell that zeroed nothing generated the baseline's tokens

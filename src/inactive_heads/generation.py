@@ -47,7 +47,7 @@ from .atomic import atomic_write_bytes
 from .engine import Policy, RunningStats, watch
 from .errors import InactiveHeadsError
 
-__all__ = ["MODES", "BatchCheckpoint", "Generated", "cascade", "generate_until"]
+__all__ = ["MODES", "BatchCheckpoint", "Generated", "cascade", "flip_share", "generate_until"]
 
 #: Zeroing modes during generation (see the module docstring).
 Mode = Literal["recompute", "step", "running", "prompt"]
@@ -90,9 +90,13 @@ class Generated:
     @property
     def flip_share(self) -> float | None:
         """The share of decoding steps (after each prompt's pass) at which some decision flipped (``recompute``)."""
-        if self.flips is None:
-            return None
-        return sum(self.flips) / max(sum(len(t) - 1 for t in self.tokens), 1)
+        return None if self.flips is None else flip_share(self.flips, self.tokens)
+
+
+def flip_share(flips: Sequence[int], tokens: Sequence[Sequence[int]]) -> float:
+    """The share of decoding steps at which some decision flipped: ``flips`` per row over the steps after each
+    row's prompt pass (its generated tokens but the first)."""
+    return sum(flips) / max(sum(len(t) - 1 for t in tokens), 1)
 
 
 @dataclass

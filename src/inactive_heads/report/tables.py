@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..generation import cascade
+from ..generation import cascade, flip_share
 from ..runs.adaptive import load_searches
 from ..runs.directory import RunData, score_label
 from ..scores import SCORE_FUNCTIONS
@@ -361,7 +361,8 @@ def protocol_table(
 def cascade_table(runs: Sequence[RunData]) -> Table | None:
     """Generative runs (one per generation mode, say): per cell, exact match and its change, the share of items
     whose generated tokens equal the baseline's, the quartiles of the first position where the others diverge,
-    and generation speed against the run's baseline; None when no run stored generated tokens."""
+    generation speed against the run's baseline and, in ``recompute``, the share of decoding steps at which some
+    decision flipped (each re-runs its row); None when no run stored generated tokens."""
     rows = []
     for run in runs:
         generated = [(c, c.generation) for c in run.cells if c.generation]
@@ -375,7 +376,7 @@ def cascade_table(runs: Sequence[RunData]) -> Table | None:
         )
         rows.append(
             [str(base_gen["mode"]), "baseline", "–", "0.0", f"{100 * base.accuracy:.1f}", "–", "100", "–",
-             f"{base_gen['tokens_per_s']:.1f}", "1.00x", "–"]
+             f"{base_gen['tokens_per_s']:.1f}", "1.00x", "–", "–"]
         )  # fmt: skip
         for score, target, c, gen in cells:
             right, base_right = c.correct(), base.correct()
@@ -393,14 +394,20 @@ def cascade_table(runs: Sequence[RunData]) -> Table | None:
                  f"{100 * c.fraction_zeroed:.1f}", f"{100 * c.accuracy:.1f}",
                  f"{100 * d.value:+.1f} [{100 * d.low:+.1f}, {100 * d.high:+.1f}]",
                  f"{100 * same.value:.0f} [{100 * same.low:.0f}, {100 * same.high:.0f}]", spread,
-                 f"{gen['tokens_per_s']:.1f}", f"{speed:.2f}x", _kv_dropped(gen)]
+                 f"{gen['tokens_per_s']:.1f}", f"{speed:.2f}x", _flipped(gen), _kv_dropped(gen)]
             )  # fmt: skip
     if not rows:
         return None
     header = ["mode", "score", "target", "% zeroed", "exact match", "Δ [95%]", "% identical to baseline [95%]",
-              "first divergence (token; q1 / median / q3 [95%])", "tokens/s", "vs baseline",
+              "first divergence (token; q1 / median / q3 [95%])", "tokens/s", "vs baseline", "% steps flipped",
               "% KV cache unread / dropped"]  # fmt: skip
     return header, rows
+
+
+def _flipped(gen: dict[str, Any]) -> str:
+    """``recompute``'s share of decoding steps whose decisions flipped, in %."""
+    flips = gen.get("flips")
+    return "–" if flips is None else f"{100 * flip_share(flips, gen['generated_tokens']):.1f}"
 
 
 def _kv_dropped(gen: dict[str, Any]) -> str:

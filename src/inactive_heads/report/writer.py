@@ -14,7 +14,7 @@ from ..atomic import atomic_write_bytes, atomic_write_text
 from ..errors import InactiveHeadsError
 from ..runs.directory import Cell, RunData, load_run, score_label, slug
 from ..scores import SCORE_FUNCTIONS
-from ..stats.bootstrap import Bootstrap, Interval
+from ..stats.bootstrap import DEFAULT_RESAMPLES, Bootstrap, Interval
 from ..stats.curves import Table2Row, spearman, top_k_iou, within_tolerance
 from ..stats.distances import shared_wasserstein
 from .compare import score_distances, series_distances
@@ -259,9 +259,11 @@ def _cascade_section(doc: Document, runs: Sequence[RunData]) -> None:
     doc.p(
         "Exact match (strict-match) per generation mode and cell; % identical: items whose generated tokens equal "
         "the unintervened run's; first divergence: the first generated token that differs, over the other items; "
-        "tokens/s against the same mode's unintervened generation; prompt mode's KV cache: the share of its bytes "
-        "each row never reads after the prompt, and the share cut from the cache (the same, less one pair kept in a "
-        "layer that no row reads)."
+        "tokens/s against the same mode's unintervened generation; % steps flipped (recompute): the decoding steps "
+        "at which some layer's decision for the row changed, each of which re-runs the row's sequence; prompt "
+        "mode's KV cache: the share of its bytes each row never reads after the prompt, and the share cut from the "
+        "cache (the same, less one pair kept in a layer that no row reads). Intervals: 95% percentile intervals of "
+        f"a bootstrap over items, paired with the unintervened run ({DEFAULT_RESAMPLES:,} resamples, seed 0)."
     )
     for (name, task), table in tables:
         doc.h(3, f"{name} — {task}")
