@@ -75,6 +75,8 @@ from typing import Literal
 import numpy as np
 import numpy.typing as npt
 
+from .bootstrap import DEFAULT_RESAMPLES
+
 __all__ = [
     "DEFAULT_ALPHA",
     "DEFAULT_MAX_FRACTION",
@@ -106,7 +108,6 @@ __all__ = [
 DEFAULT_TOLERANCE = 0.01  # one accuracy point
 DEFAULT_MAX_FRACTION = 0.9
 DEFAULT_ALPHA = 0.05
-DEFAULT_RESAMPLES = 1000
 
 Decision = Literal["within", "below", "undecided"]
 ProbeStop = Literal["decided", "budget", "no_heads"]
