@@ -7,6 +7,9 @@ script is run again. Then:
 * ``bench_generation_cascade`` in ``bench/RESULTS.md``: per mode and cell, exact match, the share of items whose
   generated tokens equal the unintervened run's, where the others first diverge, and tokens/s against the mode's
   unintervened generation (the report's cascade table, :func:`inactive_heads.report.tables.cascade_table`);
+* ``bench_generation_modes``: with ``recompute`` among the modes, per cell of another mode, the share of items
+  whose generated tokens equal recompute's and the change in exact match against it
+  (:func:`inactive_heads.report.tables.mode_agreement_table`);
 * ``bench_generation_speed``: tokens/s of transformers' ``generate`` (batched, left-padded, greedy) and of
   inactive-heads' generation without a policy and in each mode under AHON (LN), on ``--speed-prompts`` prompts
   with ``--speed-tokens`` new tokens, one after the other in this process;
@@ -43,7 +46,7 @@ from torch.nn.utils.rnn import pad_sequence
 import inactive_heads as ih
 from inactive_heads.evaluation.generative import prompt_tokens
 from inactive_heads.generation import MODES, NAIVE_RECOMPUTE, Generated, Mode, generate_until
-from inactive_heads.report.tables import cascade_table
+from inactive_heads.report.tables import cascade_table, mode_agreement_table
 from inactive_heads.runs.directory import load_run, slug
 from inactive_heads.tasks import get_task, subset
 
@@ -184,6 +187,8 @@ def _quick(args: argparse.Namespace) -> None:
     if args.model is None:
         args.model, args.name = str(tiny_dir(root, max_positions=8192)), "tiny"  # a 5-shot prompt: ~3,000 bytes
     args.out, args.limit, args.max_gen_toks, args.shots = root / "runs", 2, 8, 0
+    if "recompute" not in args.modes:  # the modes table compares the others with it
+        args.modes = [*args.modes, "recompute"]
     args.speed_prompts, args.speed_tokens, args.recompute_tokens = 2, 8, [8]
 
 
@@ -194,11 +199,19 @@ def _write(run_dirs: list[Path], label: str, args: argparse.Namespace) -> None:
     table = cascade_table(runs)
     if table is None:
         raise SystemExit("no generative cells stored yet")
+    key = [label, str(args.limit), str(args.max_gen_toks)]
     header, rows = table
     update_table(
-        "bench_generation_cascade", ["model", "items", "max new tokens", *header],
-        [[label, str(args.limit), str(args.max_gen_toks), *r] for r in rows], key=6, path=args.results,
+        "bench_generation_cascade", ["model", "items", "max new tokens", *header], [[*key, *r] for r in rows],
+        key=6, path=args.results,
     )  # fmt: skip
+    agreement = mode_agreement_table(runs)
+    if agreement is not None:
+        header, rows = agreement
+        update_table(
+            "bench_generation_modes", ["model", "items", "max new tokens", *header], [[*key, *r] for r in rows],
+            key=6, path=args.results,
+        )  # fmt: skip
     ih.write_report([r.dir for r in runs if any(c.score is None for c in r.cells)], args.out / "report")
 
 

@@ -459,6 +459,31 @@ def test_sweep_runs_a_generative_task_and_resumes(model, tok, tmp_path, mode):
     assert "the cascade of zeroing while decoding" in md.read_text()
 
 
+def test_mode_agreement_counts_items_generated_as_recompute_generates_them(model, tok, tmp_path):
+    from inactive_heads import sweep
+    from inactive_heads.report.tables import mode_agreement_table
+    from inactive_heads.runs.directory import load_run
+
+    kw = dict(scores=["ahon_ln", "random"], targets=[0.3], max_gen_toks=4, batch_size=2, progress=False)
+    runs = {}
+    for mode in ("running", "recompute", "prompt"):
+        sweep(model, tok, _task(), tmp_path / mode, generation_mode=mode, **kw)
+        runs[mode] = load_run(tmp_path / mode)
+    assert mode_agreement_table([runs["running"], runs["prompt"]]) is None  # nothing to compare against
+    header, rows = mode_agreement_table(list(runs.values()))
+    assert [(r[0], r[1]) for r in rows] == [(m, s) for m in ("running", "prompt") for s in ("AHON (LN)", "Random")]
+    for row in rows:
+        mode, score = row[0], "ahon_ln" if row[1] == "AHON (LN)" else "random"
+        cell, ref = (next(c for c in runs[m].cells if c.score == score) for m in (mode, "recompute"))
+        mine, theirs = (c.generation["generated_tokens"] for c in (cell, ref))
+        same = sum(a == b for a, b in zip(mine, theirs, strict=True)) / len(mine)
+        delta = (sum(cell.correct()) - sum(ref.correct())) / len(mine)
+        assert row[header.index("% identical to recompute [95%]")].startswith(f"{100 * same:.0f} [")
+        assert row[header.index("Δ exact match vs recompute [95%]")].startswith(f"{100 * delta:+.1f} [")
+        if score == "random":  # its draws do not depend on the statistics: every mode zeroes the same heads
+            assert same == 1.0
+
+
 class _Killed(Exception):
     pass
 

@@ -15,7 +15,7 @@ import torch
 
 from ..generation import cascade, flip_share
 from ..runs.adaptive import load_searches
-from ..runs.directory import RunData, score_label
+from ..runs.directory import Cell, RunData, score_label
 from ..scores import SCORE_FUNCTIONS
 from ..stats.bootstrap import (
     DEFAULT_RESAMPLES,
@@ -40,6 +40,7 @@ __all__ = [
     "calibration_label",
     "cascade_table",
     "interval_text",
+    "mode_agreement_table",
     "overlap_table",
     "overlap_text",
     "protocol_table",
@@ -62,7 +63,7 @@ def calibration_label(run: RunData) -> str:
     return "held-out calibration" if meta.get("items") == "heldout" else "calibrated on the evaluated items"
 
 
-def run_bootstrap(run: RunData, n_resamples: int = 1000, seed: int = 0) -> Bootstrap | None:
+def run_bootstrap(run: RunData, n_resamples: int = DEFAULT_RESAMPLES, seed: int = 0) -> Bootstrap | None:
     """:func:`~inactive_heads.stats.bootstrap.bootstrap_run` over a run's stored cells; None when a cell lacks its
     per-item answers (cells stored before they were kept) or the cells disagree on the items."""
     base = next((c for c in run.cells if c.score is None), None)
@@ -401,6 +402,41 @@ def cascade_table(runs: Sequence[RunData]) -> Table | None:
     header = ["mode", "score", "target", "% zeroed", "exact match", "Δ [95%]", "% identical to baseline [95%]",
               "first divergence (token; q1 / median / q3 [95%])", "tokens/s", "vs baseline", "% steps flipped",
               "% KV cache unread / dropped"]  # fmt: skip
+    return header, rows
+
+
+def mode_agreement_table(runs: Sequence[RunData]) -> Table | None:
+    """Generative runs of one model and task in several generation modes, against the ``recompute`` run (the
+    paper's protocol): per cell another mode shares with it (score and target, on the same items), the share of
+    items whose generated tokens equal recompute's and the change in exact match, with paired bootstrap intervals;
+    None without a recompute run and a cell to compare."""
+    by_mode: dict[str, dict[tuple[str, float], tuple[Cell, dict[str, Any]]]] = {}
+    for run in runs:
+        for c in run.cells:
+            if c.generation and c.score is not None and c.target is not None:
+                by_mode.setdefault(str(c.generation["mode"]), {})[(c.score, float(c.target))] = (c, c.generation)
+    reference = by_mode.pop("recompute", None)
+    if reference is None:
+        return None
+    rank = _score_order(runs)
+    rows = []
+    for mode, cells in by_mode.items():
+        for key in sorted(cells.keys() & reference.keys(), key=lambda k: (rank(k[0]), k[1])):
+            (c, gen), (ref, ref_gen) = cells[key], reference[key]
+            right, ref_right = c.correct(), ref.correct()
+            if right is None or ref_right is None or (c.per_item or {}).get("ids") != (ref.per_item or {}).get("ids"):
+                continue
+            found = cascade(ref_gen["generated_tokens"], gen["generated_tokens"])
+            iv = bootstrap_cascade(right, ref_right, found["first_divergence"])
+            rows.append(
+                [mode, score_label(key[0]), f"{key[1]:g}", f"{100 * c.fraction_zeroed:.1f}",
+                 f"{100 * ref.fraction_zeroed:.1f}", interval_text(iv.identical, fmt=".0f"),
+                 interval_text(iv.delta, signed=True)]
+            )  # fmt: skip
+    if not rows:
+        return None
+    header = ["mode", "score", "target", "% zeroed", "% zeroed in recompute", "% identical to recompute [95%]",
+              "Δ exact match vs recompute [95%]"]  # fmt: skip
     return header, rows
 
 

@@ -29,6 +29,7 @@ from .tables import (
     calibration_label,
     cascade_table,
     max_zeroed_text,
+    mode_agreement_table,
     overlap_table,
     protocol_table,
     run_bootstrap,
@@ -268,6 +269,13 @@ def _cascade_section(doc: Document, runs: Sequence[RunData]) -> None:
     for (name, task), table in tables:
         doc.h(3, f"{name} — {task}")
         doc.table(*table)
+        agreement = mode_agreement_table(groups[(name, task)])
+        if agreement is not None:
+            doc.p(
+                "Against recompute (the paper's protocol, every decision on the whole sequence): the share of items "
+                "each other mode generates the same tokens for, and its exact match minus recompute's, per cell."
+            )
+            doc.table(*agreement)
 
 
 def _ranks_section(
