@@ -386,15 +386,13 @@ def cascade_table(runs: Sequence[RunData]) -> Table | None:
                 continue  # other items than the baseline's: nothing to compare token by token
             found = cascade(base_gen["generated_tokens"], gen["generated_tokens"])
             iv = bootstrap_cascade(right, base_right, found["first_divergence"])
-            spread = " / ".join("–" if q.value != q.value else f"{q.value:.0f} [{q.low:.0f}, {q.high:.0f}]"
+            spread = " / ".join("–" if q.value != q.value else interval_text(q, scale=1, fmt=".0f")
                                 for q in iv.quartiles)  # fmt: skip
             speed = gen["tokens_per_s"] / max(base_gen["tokens_per_s"], 1e-9)
-            d, same = iv.delta, iv.identical
             rows.append(
                 [str(gen["mode"]), score_label(score), f"{float(target):g}",
                  f"{100 * c.fraction_zeroed:.1f}", f"{100 * c.accuracy:.1f}",
-                 f"{100 * d.value:+.1f} [{100 * d.low:+.1f}, {100 * d.high:+.1f}]",
-                 f"{100 * same.value:.0f} [{100 * same.low:.0f}, {100 * same.high:.0f}]", spread,
+                 interval_text(iv.delta, signed=True), interval_text(iv.identical, fmt=".0f"), spread,
                  f"{gen['tokens_per_s']:.1f}", f"{speed:.2f}x", _flipped(gen), _kv_dropped(gen)]
             )  # fmt: skip
     if not rows:
