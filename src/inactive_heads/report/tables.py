@@ -20,6 +20,7 @@ from ..scores import SCORE_FUNCTIONS
 from ..stats.bootstrap import (
     DEFAULT_RESAMPLES,
     Bootstrap,
+    CascadeIntervals,
     Interval,
     bootstrap_cascade,
     bootstrap_difference,
@@ -380,12 +381,9 @@ def cascade_table(runs: Sequence[RunData]) -> Table | None:
              f"{base_gen['tokens_per_s']:.1f}", "1.00x", "–", "–"]
         )  # fmt: skip
         for score, target, c, gen in cells:
-            right, base_right = c.correct(), base.correct()
-            same_items = (c.per_item or {}).get("ids") == (base.per_item or {}).get("ids")
-            if right is None or base_right is None or not same_items:
+            iv = _paired_cascade(c, gen, base, base_gen)
+            if iv is None:
                 continue  # other items than the baseline's: nothing to compare token by token
-            found = cascade(base_gen["generated_tokens"], gen["generated_tokens"])
-            iv = bootstrap_cascade(right, base_right, found["first_divergence"])
             spread = " / ".join("–" if q.value != q.value else interval_text(q, scale=1, fmt=".0f")
                                 for q in iv.quartiles)  # fmt: skip
             speed = gen["tokens_per_s"] / max(base_gen["tokens_per_s"], 1e-9)
@@ -421,11 +419,9 @@ def mode_agreement_table(runs: Sequence[RunData]) -> Table | None:
     for mode, cells in by_mode.items():
         for key in sorted(cells.keys() & reference.keys(), key=lambda k: (rank(k[0]), k[1])):
             (c, gen), (ref, ref_gen) = cells[key], reference[key]
-            right, ref_right = c.correct(), ref.correct()
-            if right is None or ref_right is None or (c.per_item or {}).get("ids") != (ref.per_item or {}).get("ids"):
+            iv = _paired_cascade(c, gen, ref, ref_gen)
+            if iv is None:
                 continue
-            found = cascade(ref_gen["generated_tokens"], gen["generated_tokens"])
-            iv = bootstrap_cascade(right, ref_right, found["first_divergence"])
             rows.append(
                 [mode, score_label(key[0]), f"{key[1]:g}", f"{100 * c.fraction_zeroed:.1f}",
                  f"{100 * ref.fraction_zeroed:.1f}", interval_text(iv.identical, fmt=".0f"),
@@ -436,6 +432,16 @@ def mode_agreement_table(runs: Sequence[RunData]) -> Table | None:
     header = ["mode", "score", "target", "% zeroed", "% zeroed in recompute", "% identical to recompute [95%]",
               "Δ exact match vs recompute [95%]"]  # fmt: skip
     return header, rows
+
+
+def _paired_cascade(cell: Cell, gen: dict[str, Any], ref: Cell, ref_gen: dict[str, Any]) -> CascadeIntervals | None:
+    """:func:`~inactive_heads.stats.bootstrap.bootstrap_cascade` of a generative cell against a reference cell (the
+    baseline, or another mode's); None when either lacks per-item answers or they hold other items."""
+    right, ref_right = cell.correct(), ref.correct()
+    if right is None or ref_right is None or (cell.per_item or {}).get("ids") != (ref.per_item or {}).get("ids"):
+        return None
+    found = cascade(ref_gen["generated_tokens"], gen["generated_tokens"])
+    return bootstrap_cascade(right, ref_right, found["first_divergence"])
 
 
 def _flipped(gen: dict[str, Any]) -> str:
