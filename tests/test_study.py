@@ -21,6 +21,7 @@ import time
 import uuid
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from _tiny import tiny_model, tiny_tokenizer
@@ -28,6 +29,7 @@ from conftest import temporary_registrations
 
 import inactive_heads as ih
 from inactive_heads.cli import main
+from inactive_heads.report.crossings import grid_crossings
 from inactive_heads.report.figures import delta_figure
 from inactive_heads.report.tables import run_bootstrap, threshold_table
 from inactive_heads.report.writer import write_study_report
@@ -146,9 +148,11 @@ def test_local_study_computes_every_cell_and_writes_one_report(local_run, tmp_pa
     ):
         assert heading in md
     assert "| score | label | llama | qwen | mean rank |" in md  # Table 2 across models, per task
-    # Bootstrap intervals beside Table 2's values and ranks, and which rank differences are significant.
+    # Bootstrap intervals beside Table 2's values and ranks; pairs compared only on the fitted crossings, with Holm.
     assert re.search(r"\| AHON \(LN\) \| ≥?\d+\.\d \[\d+\.\d, \d+\.\d\] \(\d(\.5)? \[\d", md)
-    assert md.count("rank differences significant at 95%") == 4
+    assert "rank differences significant" not in md
+    assert md.count("the grid's cells read as probes of the crossing estimator") == 4
+    assert md.count("adjusted by Holm's step-down correction over the 1 pairs") == 4
     assert md.count("| llama vs qwen | 2 | – | – |") == 2  # two shared scores: no rank correlation to speak of
     assert "## Overlap between score functions" in md and "### llama — calibration on recall" in md
     overlaps = md.split("## Overlap between score functions")[1].split("## Threshold")[0]
@@ -209,6 +213,29 @@ def test_local_study_computes_every_cell_and_writes_one_report(local_run, tmp_pa
     figures = {p.name for p in (tmp_path / "report").glob("*.png")} - {"mine.png"}
     assert (tmp_path / "report" / "mine.png").exists() and figures == set(re.findall(r"\]\((\S+\.png)\)", text))
     assert not any(name.startswith(("curves_", "deltas_", "heads_")) for name in figures)
+
+
+def test_grid_cells_read_by_the_crossing_estimator_match_a_hand_fit(local_run):
+    # One cell per score: the fit is the cell's mean paired difference alone, read from the anchor (0, 0).
+    for run_dir in local_run.runs.values():
+        run = load_run(run_dir)
+        base = next(c for c in run.cells if c.score is None)
+        ids = base.per_item["ids"]
+        found = grid_crossings(run)
+        assert set(found) == set(run.score_names)
+        for name, result in found.items():
+            (cell,) = [c for c in run.cells if c.score == name]
+            mean = float(np.mean(cell.correct(ids).astype(int) - base.correct(ids).astype(int)))
+            c = result.crossing
+            if cell.fraction_zeroed == 0:
+                assert c.state == "not_applicable"
+            elif mean >= -0.01:
+                assert c.state == "censored" and c.value == pytest.approx(cell.fraction_zeroed)
+            else:
+                assert c.state == "estimated"
+                assert c.value == pytest.approx(cell.fraction_zeroed * 0.01 / -mean)
+            (probe,) = result.probes
+            assert probe.items.size == len(ids) and probe.mean == pytest.approx(mean)
 
 
 def test_rerun_computes_nothing_and_a_changed_study_adds_only_its_new_cells(local_run, workspace, tmp_path):
@@ -354,6 +381,14 @@ def test_threshold_stability_gives_the_thresholds_the_cells_used(local_run):
                     assert by[(score_label(c.score), f"{c.target:g}")][column] == f"{c.threshold:.4g}"
                     checked += 1
     assert checked == _CELLS - 4  # every cell but the 4 baselines
+
+
+def test_threshold_spread_intervals_do_not_depend_on_the_order_of_the_runs(local_run):
+    # A reading's quote and the report list one model's calibrations in different orders: same table either way.
+    runs = [load_run(d) for d in sorted((local_run.out / "runs").iterdir())]
+    group = [r for r in runs if r.name == runs[0].name]
+    assert len(group) == 2
+    assert threshold_table(group, n_resamples=200) == threshold_table(group[::-1], n_resamples=200)
 
 
 def test_a_compact_copy_refuses_scores_beyond_float16(tmp_path):

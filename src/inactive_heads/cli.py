@@ -194,7 +194,7 @@ def _print_crossings(run_dir: Path, searches: list[Any]) -> None:
     from .report.document import render_table
     from .stats.crossing import format_crossing
 
-    ranks = crossing_ranks(searches)
+    ranks = crossing_ranks({s.score: s.crossing for s in searches})
     rows = [
         [
             s.score,

@@ -7,11 +7,26 @@ from __future__ import annotations
 import csv
 import io
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
 
 from ..runs.adaptive import ProbeRecord, Search, SearchDesign, compare_searches, load_searches, stored_probes
 from ..runs.directory import RunData, score_label
-from ..stats.crossing import Comparison, Probe, format_crossing, items_to_decide, items_to_separate
+from ..stats.crossing import (
+    Answer,
+    Comparison,
+    Crossing,
+    CrossingResult,
+    Probe,
+    compare_crossings,
+    format_crossing,
+    grid_crossing,
+    items_to_decide,
+    items_to_separate,
+)
 from .document import Document
 from .figures import crossing_figure, png
 from .tables import calibration_label
@@ -24,6 +39,8 @@ __all__ = [
     "crossings_section",
     "decide_text",
     "difference_text",
+    "grid_comparisons_section",
+    "grid_crossings",
     "p_text",
     "probe_change_text",
     "separate_text",
@@ -114,16 +131,12 @@ def verdict_text(c: Comparison) -> str:
     return "significant" if c.significant else ("not significant" if c.stable else "too close to call")
 
 
-def crossing_ranks(searches: Sequence[Search]) -> dict[str, float]:
+def crossing_ranks(crossings: Mapping[str, Crossing]) -> dict[str, float]:
     """Rank of each score function with a crossing (1: tolerates most zeroing; ties share their mean rank), by the
     point estimate; a function that zeroes no head (n/a) has none."""
-    ranked = [s for s in searches if s.crossing.state != "not_applicable"]
-    values = sorted((s.crossing.value for s in ranked), reverse=True)
-    ranks = {}
-    for s in ranked:
-        first = values.index(s.crossing.value)
-        ranks[s.score] = first + (values.count(s.crossing.value) + 1) / 2
-    return ranks
+    ranked = {n: c.value for n, c in crossings.items() if c.state != "not_applicable"}
+    values = sorted(ranked.values(), reverse=True)
+    return {n: values.index(v) + (values.count(v) + 1) / 2 for n, v in ranked.items()}
 
 
 def crossings_section(doc: Document, run: RunData, tag: str) -> bool:
@@ -132,7 +145,7 @@ def crossings_section(doc: Document, run: RunData, tag: str) -> bool:
     searches = load_searches(run.dir)
     for i, (text, group) in enumerate(_groups(searches).items()):
         doc.p(f"Crossings searched ({text}). {CROSSING_NOTE}")
-        ranks = crossing_ranks(group)
+        ranks = crossing_ranks({s.score: s.crossing for s in group})
         doc.table(
             ["score", "label", "crossing [95% interval]", "rank", "probes", "search stop", "items evaluated", "eval s"],
             [
@@ -195,7 +208,10 @@ def _comparisons(
     doc: Document, run: RunData, searches: Sequence[Search], answers: Mapping[str, Sequence[Probe]]
 ) -> None:
     """Which score function tolerates more zeroing than which, pair by pair, with Holm's correction."""
-    found = compare_searches(run.dir, searches, probes=answers)
+    _comparison_table(doc, compare_searches(run.dir, searches, probes=answers), searches[0].n_items)
+
+
+def _comparison_table(doc: Document, found: Sequence[Comparison], n_items: int) -> None:
     if not found:
         return
     doc.p(
@@ -210,7 +226,6 @@ def _comparisons(
         "bootstrap's z, the normal quantile of the share, growing as the root of the items to Holm's strictest cut, "
         "0.05 over the pairs); a planning figure, not an estimate."
     )
-    n_items = searches[0].n_items
     doc.table(
         ["first", "second", "difference (pts of heads)", "share of resamples", "p", "Holm p", "MC error", "resamples",
          "verdict", "items to separate"],
@@ -232,6 +247,56 @@ def _comparisons(
     )  # fmt: skip
 
 
+def grid_crossings(run: RunData, *, seed: int = 0) -> dict[str, CrossingResult]:
+    """A fixed-grid run's cells read by the searches' estimator, per score function: each cell is a probe that read
+    every item once (one look, no stopping), paired with the baseline cell on the same items
+    (:func:`~inactive_heads.stats.crossing.grid_crossing`), so its crossing, interval and comparisons follow the
+    searches' rules. Empty where the cells lack per-item answers."""
+    base = next((c for c in run.cells if c.score is None), None)
+    ids = None if base is None or base.per_item is None else base.per_item.get("ids")
+    baseline = None if base is None else base.correct(ids)
+    if baseline is None:
+        return {}
+    out = {}
+    for name, curve in run.curves().items():
+        cells = {round(float(c.target), 12): c for c in curve.extra["cells"] if c.target is not None}
+        answers = {t: (c.correct(ids), float(c.fraction_zeroed)) for t, c in cells.items()}
+        if not answers or any(a is None for a, _ in answers.values()):
+            return {}
+        out[name] = grid_crossing(_lookup(answers), baseline, list(answers), block_size=baseline.size, seed=seed)
+    return out
+
+
+def _lookup(answers: Mapping[float, tuple[Any, float]]) -> Callable[[float, npt.NDArray[np.int64]], Answer]:
+    """The estimator's ``evaluate`` over stored cells: (per-item correctness, fraction zeroed) per target."""
+
+    def evaluate(target: float, items: npt.NDArray[np.int64]) -> Answer:
+        correct, fraction = answers[target]
+        return Answer(correct[items], fraction)
+
+    return evaluate
+
+
+def grid_comparisons_section(doc: Document, run: RunData, *, seed: int = 0) -> None:
+    """A fixed-grid run's crossings as the estimator reads them (:func:`grid_crossings`) and their pairwise
+    comparisons with Holm's correction, in place of ranks read off the raw curve."""
+    found = grid_crossings(run, seed=seed)
+    if not found:
+        return
+    crossings = {n: r.crossing for n, r in found.items()}
+    ranks = crossing_ranks(crossings)
+    n_items = next(iter(found.values())).probes[0].items.size
+    doc.p(
+        f"{run.name}: the grid's cells read as probes of the crossing estimator (each cell one probe over all "
+        f"{n_items:,} items). {CROSSING_NOTE}"
+    )
+    doc.table(
+        ["score", "label", "crossing [95% interval]", "rank"],
+        [[n, score_label(n), format_crossing(c), f"{ranks[n]:g}" if n in ranks else "–"] for n, c in crossings.items()],
+    )
+    _comparison_table(doc, compare_crossings({n: r.probes for n, r in found.items()}, seed=seed), n_items)
+
+
 def crossings_across(doc: Document, runs: Sequence[RunData]) -> None:
     """The crossings of one task's runs side by side, a column per model and a table per design (nothing without
     searches)."""
@@ -240,7 +305,7 @@ def crossings_across(doc: Document, runs: Sequence[RunData]) -> None:
     for text in designs:
         found = [{s.score: s for s in searches if _design_text(s) == text} for searches in by_run]
         shown = [(r, f) for r, f in zip(runs, found, strict=True) if f]
-        ranks = [crossing_ranks(list(f.values())) for _, f in shown]
+        ranks = [crossing_ranks({n: s.crossing for n, s in f.items()}) for _, f in shown]
         names = list(dict.fromkeys(n for _, f in shown for n in f))
         doc.p(f"Crossing of each score function per model (rank), {text}. {CROSSING_NOTE}")
         rows = []

@@ -48,7 +48,6 @@ __all__ = [
     "run_bootstrap",
     "run_overlaps",
     "scores_flat_within_layers",
-    "significant_pairs",
     "threshold_groups",
     "threshold_table",
 ]
@@ -83,19 +82,6 @@ def run_bootstrap(run: RunData, n_resamples: int = DEFAULT_RESAMPLES, seed: int 
         curves[name] = points
     assert baseline is not None
     return bootstrap_run(baseline, curves, n_resamples=n_resamples, seed=seed)
-
-
-def significant_pairs(boot: Bootstrap) -> list[tuple[str, str, float]]:
-    """``(better, worse, share of resamples in which better ranks above)`` for every rank difference that is
-    significant at the bootstrap's level, best-ranked first."""
-    names = list(boot.rank)
-    pairs = [
-        (a, b, boot.better[a][b])
-        for a in names
-        for b in names
-        if a != b and boot.better[a][b] > 0.5 and boot.significant(a, b)
-    ]
-    return sorted(pairs, key=lambda t: (boot.rank[t[0]].value, boot.rank[t[1]].value))
 
 
 def interval_text(iv: Interval, scale: float = 100.0, fmt: str = ".1f", signed: bool = False) -> str:
@@ -258,10 +244,11 @@ def threshold_table(runs: Sequence[RunData], n_resamples: int = DEFAULT_RESAMPLE
             run_of.setdefault(task, run)
     if len(by_task) < 2:
         return None
-    tasks = list(by_task)
+    # Tasks in one canonical order: each task's resamples, and so the intervals, do not depend on the runs' order.
+    tasks = sorted(by_task)
     rank = _score_order(runs)
     keys = sorted({k for t in by_task.values() for k in t}, key=lambda k: (rank(k[0]), k[1]))
-    drawn = _resampled_thresholds(run_of, keys, n_resamples, seed)
+    drawn = _resampled_thresholds({t: run_of[t] for t in tasks}, keys, n_resamples, seed)
     rows = []
     for score, target in keys:
         present = {t: by_task[t][(score, target)] for t in tasks if (score, target) in by_task[t]}

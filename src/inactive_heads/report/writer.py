@@ -18,7 +18,7 @@ from ..stats.bootstrap import DEFAULT_RESAMPLES, Bootstrap, Interval
 from ..stats.curves import Table2Row, spearman, top_k_iou, within_tolerance
 from ..stats.distances import shared_wasserstein
 from .compare import score_distances, series_distances
-from .crossings import crossings_across, crossings_csv, crossings_section
+from .crossings import crossings_across, crossings_csv, crossings_section, grid_comparisons_section
 from .document import Document, linked_images
 from .figures import cdf_figure, curves_figure, delta_figure, head_heatmap, overlap_figure, png, rank_heatmap
 from .tables import (
@@ -35,7 +35,6 @@ from .tables import (
     run_bootstrap,
     run_overlaps,
     scores_flat_within_layers,
-    significant_pairs,
     threshold_groups,
     threshold_table,
 )
@@ -376,7 +375,8 @@ def write_study_report(
             doc.p("Table 2: max % of heads zeroed within 1 pt of baseline [interval] (rank [interval]) per model.")
             doc.table(*_table2_across(task_runs, all_rows, task_boots))
             _ranks_section(doc, [r.name for r in task_runs], all_rows, f"ranks_{t}.png", task_boots)
-            _significance(doc, task_runs, task_boots)
+            for run in task_runs:
+                grid_comparisons_section(doc, run, seed=seed)
         cdf = cdf_figure(task_runs)
         if cdf is not None:
             doc.img(png(cdf), f"score_cdfs_{t}.png", f"score CDFs, {label}")
@@ -444,19 +444,6 @@ def _task_label(run: RunData) -> str:
     cfg = run.settings
     limit = "all items" if cfg.get("limit") is None else f"{cfg.get('limit')} items"
     return f"{cfg.get('task')} ({cfg.get('shots')}-shot, {limit}; {calibration_label(run)})"
-
-
-def _significance(doc: Document, runs: Sequence[RunData], boots: Sequence[Bootstrap | None]) -> None:
-    for run, boot in zip(runs, boots, strict=True):
-        if boot is None or len(boot.rank) < 2:  # no pair of scores to order yet
-            continue
-        pairs = significant_pairs(boot)
-        listed = "; ".join(f"{score_label(a)} above {score_label(b)} ({100 * p:.1f}%)" for a, b, p in pairs)
-        doc.p(
-            f"{run.name}: rank differences significant at {100 * boot.level:g}% (share of resamples in which the "
-            f"first ranks above the second): {listed or 'none'}. Every other pair's order is within the noise of "
-            f"{boot.n_items} items."
-        )
 
 
 def _calibrations(runs: Sequence[RunData]) -> dict[tuple[Any, ...], RunData]:
