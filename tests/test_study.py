@@ -32,7 +32,7 @@ from inactive_heads.cli import main
 from inactive_heads.report.crossings import grid_crossings
 from inactive_heads.report.figures import delta_figure
 from inactive_heads.report.tables import run_bootstrap, threshold_table
-from inactive_heads.report.writer import write_study_report
+from inactive_heads.report.writer import write_report, write_study_report
 from inactive_heads.runs.directory import Cell, RunDir, load_run, score_label
 from inactive_heads.runs.jobs import plan_cells
 from inactive_heads.studies.executors import LocalExecutor, RayExecutor
@@ -215,8 +215,10 @@ def test_local_study_computes_every_cell_and_writes_one_report(local_run, tmp_pa
     assert not any(name.startswith(("curves_", "deltas_", "heads_")) for name in figures)
 
 
-def test_grid_cells_read_by_the_crossing_estimator_match_a_hand_fit(local_run):
+def test_grid_cells_read_by_the_crossing_estimator_match_a_hand_fit(local_run, tmp_path):
     # One cell per score: the fit is the cell's mean paired difference alone, read from the anchor (0, 0).
+    md = write_report(list(local_run.runs.values())[:1], tmp_path)[0].read_text()
+    assert "the grid's cells read as probes of the crossing estimator" in md and "Holm's step-down" in md
     for run_dir in local_run.runs.values():
         run = load_run(run_dir)
         base = next(c for c in run.cells if c.score is None)

@@ -206,8 +206,11 @@ def _write(doc: Document, out_dir: Path, title: str, cells_csv: str) -> tuple[Pa
     return md_path, html_path
 
 
-def _run_section(doc: Document, run: RunData, rows: list[Table2Row], tag: str, boot: Bootstrap | None = None) -> None:
-    """One run: its settings, its Table 2, the curves, the zeroed-heads map of its best cell, and every cell."""
+def _run_section(
+    doc: Document, run: RunData, rows: list[Table2Row], tag: str, boot: Bootstrap | None = None, seed: int = 0
+) -> None:
+    """One run: its settings, its Table 2, its cells' fitted crossings compared pairwise (bootstrap ``seed``), the
+    curves, the zeroed-heads map of its best cell, and every cell."""
     cfg = run.settings
     doc.p(
         f"shots {cfg.get('shots')}, limit {cfg.get('limit')}, seed {cfg.get('seed')}, "
@@ -222,6 +225,7 @@ def _run_section(doc: Document, run: RunData, rows: list[Table2Row], tag: str, b
     doc.table(["score", "label", "max % zeroed within 1 pt", "AUC", "rank"], _table2_rows(rows))
     if run.baseline <= 0:
         doc.p(NO_AUC)
+    grid_comparisons_section(doc, run, seed=seed)
     flat = scores_flat_within_layers(run)
     if flat:
         doc.p(
@@ -375,8 +379,6 @@ def write_study_report(
             doc.p("Table 2: max % of heads zeroed within 1 pt of baseline [interval] (rank [interval]) per model.")
             doc.table(*_table2_across(task_runs, all_rows, task_boots))
             _ranks_section(doc, [r.name for r in task_runs], all_rows, f"ranks_{t}.png", task_boots)
-            for run in task_runs:
-                grid_comparisons_section(doc, run, seed=seed)
         cdf = cdf_figure(task_runs)
         if cdf is not None:
             doc.img(png(cdf), f"score_cdfs_{t}.png", f"score CDFs, {label}")
@@ -388,7 +390,7 @@ def write_study_report(
             doc.h(3, f"{run.name} — {label}")
             if id(run) in partial:
                 doc.p(f"{len(run.cells)} of {partial[id(run)]} planned cells stored so far: this run is incomplete.")
-            _run_section(doc, run, rows, f"{t}_{slug(run.name)}", boots[id(run)])
+            _run_section(doc, run, rows, f"{t}_{slug(run.name)}", boots[id(run)], seed)
 
     _cascade_section(doc, loaded)
     _overlap_section(doc, loaded, n_resamples, seed)
