@@ -261,7 +261,8 @@ def grid_crossings(run: RunData, *, seed: int = 0) -> dict[str, CrossingResult]:
     for name, curve in run.curves().items():
         cells = {round(float(c.target), 12): c for c in curve.extra["cells"] if c.target is not None}
         answers = {t: (c.correct(ids), float(c.fraction_zeroed)) for t, c in cells.items()}
-        if not answers or any(a is None for a, _ in answers.values()):
+        # A probe per target: cells that share a target (or have none) are no grid the estimator can read.
+        if len(answers) != len(curve.extra["cells"]) or any(a is None for a, _ in answers.values()):
             return {}
         out[name] = grid_crossing(_lookup(answers), baseline, list(answers), block_size=baseline.size, seed=seed)
     return out
