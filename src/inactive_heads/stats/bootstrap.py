@@ -50,8 +50,8 @@ class Interval:
 @dataclass(frozen=True)
 class Bootstrap:
     """Intervals for one run. ``cells[(score, fraction)]``: accuracy minus baseline accuracy; ``max_zeroed``,
-    ``auc`` and ``rank`` per score; ``better[a][b]``: the share of resamples in which ``a`` ranks above ``b``
-    (ties count half)."""
+    ``auc`` and ``rank`` per score (descriptive: pairs of functions are tested on their fitted crossings,
+    :func:`~inactive_heads.stats.crossing.compare_crossings`)."""
 
     n_items: int
     n_resamples: int
@@ -60,13 +60,6 @@ class Bootstrap:
     max_zeroed: dict[str, Interval]
     auc: dict[str, Interval]
     rank: dict[str, Interval]
-    better: dict[str, dict[str, float]]
-
-    def significant(self, a: str, b: str) -> bool:
-        """Whether ``a`` and ``b`` rank differently at the bootstrap's level (two-sided)."""
-        tail = (1 - self.level) / 2
-        p = self.better[a][b]
-        return p >= 1 - tail or p <= tail
 
 
 def resample_counts(n_items: int, n_resamples: int, seed: int) -> np.ndarray:
@@ -223,12 +216,8 @@ def bootstrap_run(
             for s in names
         }
 
-    ranks = {s: np.array([r[s].rank for r in samples]) for s in names}
-    better = {
-        a: {b: float(np.mean((ranks[a] < ranks[b]) + 0.5 * (ranks[a] == ranks[b]))) for b in names} for a in names
-    }
     max_zeroed, auc = metric(lambda r: r.max_zeroed), metric(lambda r: r.auc)
-    return Bootstrap(n, n_resamples, level, cells, max_zeroed, auc, metric(lambda r: r.rank, discrete=True), better)
+    return Bootstrap(n, n_resamples, level, cells, max_zeroed, auc, metric(lambda r: r.rank, discrete=True))
 
 
 def _flat(values: np.ndarray, items: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
