@@ -88,6 +88,12 @@ def update_table(
             table.append(new)
         else:
             old[:] = [n if n else o for n, o in zip(new, old, strict=True)]
-    body = "\n".join([_line(header), _line(["---"] * len(header)), *map(_line, table)])
+    write_table(name, header, table, path)
+
+
+def write_table(name: str, header: Sequence[str], rows: Iterable[Sequence[str]], path: Path = RESULTS) -> None:
+    """Replace the table in section ``name`` of ``path`` by ``rows``: for a script whose rows are the whole state
+    (derived from stored runs), so their order is its own."""
+    body = "\n".join([_line(header), _line(["---"] * len(header)), *map(_line, rows)])
     head, _, tail = _split(path.read_text(encoding="utf-8"), name)
     atomic_write_text(path, f"{head}\n{body}\n{tail}")

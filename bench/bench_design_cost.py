@@ -19,7 +19,7 @@ import tempfile
 from pathlib import Path
 
 from _quick import tiny_dir
-from _results import results_file, update_table
+from _results import results_file, write_table
 
 import inactive_heads as ih
 from inactive_heads.runs.adaptive import Search, compare_searches, load_searches
@@ -121,9 +121,10 @@ def main() -> None:
     header = ["model", "task", "score", "adaptive crossing [95%]", "grid crossing [95%]", "intervals overlap",
               "adaptive items", "grid items", "items adaptive / grid", "adaptive hours", "grid hours",
               "adaptive half-width (pts)", "grid half-width (pts)"]  # fmt: skip
-    update_table("bench_design_cost", header, rows, key=3, path=results)
+    # Every row comes from the stored searches: the table is rewritten whole, each model's total after its rows.
+    write_table("bench_design_cost", header, rows, path=results)
     header = ["model", "task", "functions", "significant (adaptive)", "significant (grid)", "same verdicts"]
-    update_table("bench_design_cost_verdicts", header, runs, key=2, path=results)
+    write_table("bench_design_cost_verdicts", header, runs, path=results)
     print(f"{len(rows)} rows, {len(runs)} runs compared -> {results}")
 
 
