@@ -10,7 +10,9 @@ import json
 import random
 import re
 import shlex
+import shutil
 import textwrap
+import threading
 
 import pytest
 import torch
@@ -32,6 +34,7 @@ from inactive_heads.runs.adaptive import (
     stored_probes,
 )
 from inactive_heads.runs.directory import RunDir, load_run, score_label
+from inactive_heads.runs.jobs import plan_cells
 from inactive_heads.scores import _SCORE_FUNCTIONS
 from inactive_heads.stats.crossing import fit_crossing, format_crossing, items_to_decide, items_to_separate
 from inactive_heads.stats.thresholds import thresholds_from_cdf
@@ -110,6 +113,35 @@ def test_search_resumes_after_a_kill_and_replays(run, monkeypatch):
         again = search_score(model, tok, task, run_dir, "ahon", _DESIGN, batch_size=8)
     assert calls == [] and again.to_json() == found.to_json()
     assert load_searches(run_dir) == [found]
+
+
+def test_a_search_whose_baseline_another_process_holds_is_left_for_later(run, tmp_path, monkeypatch):
+    """With ``wait=False`` a search does not wait on a baseline cell that another process is evaluating: it returns
+    None and releases its own claim, so a study's worker takes other work meanwhile."""
+    model, tok, task, run_dir = run
+    copy = tmp_path / "run"
+    shutil.copytree(run_dir, copy)
+    rd = RunDir(copy)
+    shutil.rmtree(rd.searches_path, ignore_errors=True)  # what other tests of this module stored
+    for stored in (copy / "cells").glob("*.json"):
+        stored.unlink()
+    [baseline] = plan_cells(copy, scores=["ahon"], targets=[])
+    with rd.cell_store().claim(baseline.key, wait=False) as mine, monkeypatch.context() as m:
+        assert mine
+        calls = _count_blocks(m)
+        result: dict[str, object] = {}
+        worker = threading.Thread(
+            target=lambda: result.update(
+                r=search_score(model, tok, task, copy, "ahon", _DESIGN, batch_size=8, wait=False)
+            )
+        )
+        worker.start()
+        worker.join(timeout=120)
+        assert not worker.is_alive(), "the search waited on the held baseline cell"
+        assert result == {"r": None}
+        assert calls == [] and not list(rd.blocks_path.glob("*.json"))
+    found = search_score(model, tok, task, copy, "ahon", _DESIGN, batch_size=8, wait=False)  # its claim was let go
+    assert found is not None and rd.cell_store().has(baseline.key)
 
 
 def test_stored_probes_are_what_the_search_fitted_and_pairs_are_compared(run, tmp_path):

@@ -336,10 +336,13 @@ def _baseline(
     score: str,
     ids: list[str],
     progress: Callable[[int], Any] | bool,
-) -> npt.NDArray[np.bool_]:
-    """The baseline's per-item correctness on ``ids``: the run's baseline cell, evaluated now unless stored."""
+    wait: bool,
+) -> npt.NDArray[np.bool_] | None:
+    """The baseline's per-item correctness on ``ids``: the run's baseline cell, evaluated now unless stored; None when
+    another process is evaluating it and ``wait`` is False."""
     cell = plan_cells(rd.root, scores=[score], targets=[])[0]
-    compute_cell(model, tokenizer, task, rd.root, cell, config, progress=progress)
+    if compute_cell(model, tokenizer, task, rd.root, cell, config, progress=progress, wait=wait) is None:
+        return None
     correct = Cell.from_json(rd.cell_store().get(cell.key)).correct(ids)
     if correct is None:
         raise InactiveHeadsError(
@@ -364,10 +367,11 @@ def search_score(
 ) -> Search | None:
     """Search ``score``'s crossing in a calibrated run (module docstring) and store the :class:`Search`.
 
-    Returns the search, read back when it was stored already, or None when another process holds its claim (only
-    with ``wait=False``). ``model``, ``task`` and ``config`` (``options``: any of its fields by name) must be the
-    run's. Items are read in the order seeded by the run's ``seed``. ``progress``: a bar over the sequences of each
-    block (True), or ``progress(label)``, what ``evaluate`` takes as its progress for the block of that label."""
+    Returns the search, read back when it was stored already, or None when another process holds its claim or is
+    evaluating the run's baseline cell (only with ``wait=False``). ``model``, ``task`` and ``config`` (``options``:
+    any of its fields by name) must be the run's. Items are read in the order seeded by the run's ``seed``.
+    ``progress``: a bar over the sequences of each block (True), or ``progress(label)``, what ``evaluate`` takes as its
+    progress for the block of that label."""
     design = SearchDesign() if design is None else design
     config = EvalConfig.from_options(config, **options)
     score_names([score])
@@ -386,7 +390,9 @@ def search_score(
             return Search.from_json(store.get(key))
         pool = pinned(task_obj, config.limit, config.seed, config.shots_for(task_obj))
         ids = [it.id for it in pool.items]
-        baseline = _baseline(model, tokenizer, task_obj, rd, config, score, ids, bar("baseline"))
+        baseline = _baseline(model, tokenizer, task_obj, rd, config, score, ids, bar("baseline"), wait)
+        if baseline is None:  # a worker left waiting here would idle while others could search elsewhere
+            return None
         blocks = _block_store(rd)
         block_config = config.replace(limit=None)  # the block's items are chosen already
         thresholds: dict[float, float] = {}

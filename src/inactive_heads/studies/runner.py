@@ -294,7 +294,8 @@ class _Plan:
         missing = [c for c in cells if not store.has(c.key)]
         unsearched = [s for s in self.spec.scores_of(run.task) if not _searched(run.task, run.dir, s)]
         self.reused += len(cells) - len(missing) + self.spec.searches(run.task) - len(unsearched)
-        # The searches after the baseline cell, which each reads (a worker that reaches one first waits for it).
+        # The searches after the baseline cell, which each reads (a worker that reaches one while another process
+        # evaluates the cell leaves it for later).
         return [_Cell(run, c) for c in missing] + [_Search(run, s) for s in unsearched]
 
 
