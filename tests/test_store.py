@@ -69,6 +69,16 @@ def test_store_put_get_has_keys(tmp_path):
         store.path("../evil")
 
 
+def test_held_tells_whether_another_holder_has_the_claim_without_creating_anything(tmp_path):
+    store = ResultStore(tmp_path / "cells")
+    assert not store.held("k") and not store.root.exists()  # never claimed: nothing written to say so
+    with store.claim("k") as mine:
+        assert mine and store.held("k")  # another open file: what another process's claim is to flock
+    assert not store.held("k")  # let go
+    with pytest.raises(ValueError):
+        store.held("../evil")
+
+
 @pytest.mark.parametrize("content", [b"", b'{"accuracy": 0.5', b"[1, 2]", b'{"other": 1}', b"\xff\xfe"])
 def test_corrupt_cell_reported_missing_then_recomputed(tmp_path, content):
     store = ResultStore(tmp_path, required=("accuracy",))

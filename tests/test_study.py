@@ -435,6 +435,41 @@ def test_processes_sharing_a_study_take_other_cells_instead_of_waiting(local_run
     assert done["r"].computed == len(keys) and all(stored(k) for k in keys)
 
 
+def test_held_work_is_waited_for_only_after_every_other_model_s(local_run, workspace, tmp_path):
+    """A calibration or cell another process holds is left until this process has run every other job, of every
+    model (a worker waiting at the end of one model's jobs would idle while the next model's are free); then it
+    waits for it, and calibrates or evaluates it itself when that process ends without doing so."""
+    out = tmp_path / "study"
+    shutil.copytree(local_run.out, out, copy_function=shutil.copy2)
+    llama = next((out / "runs").glob("llama--recall-*"))  # of the first model: its calibration held
+    shutil.rmtree(llama / "calibration")
+    for path in (llama / "cells").glob("*.json"):
+        path.unlink()
+    llama_short = next((out / "runs").glob("llama--recall_short-*"))  # one cell of it held
+    qwen = next((out / "runs").glob("qwen--recall-*"))  # of the next model: free
+    held = sorted((llama_short / "cells").glob("*.json"))[-1]
+    free = sorted((qwen / "cells").glob("*.json"))[-1]
+    held.unlink()
+    free.unlink()
+
+    done: dict[str, ih.StudyResult] = {}
+    with (
+        RunDir(llama).cell_store().claim("calibration", wait=False) as calibrating,
+        RunDir(llama_short).cell_store().claim(held.stem, wait=False) as evaluating,
+    ):
+        assert calibrating and evaluating
+        worker = threading.Thread(target=lambda: done.update(r=ih.study(_study_file(workspace), out, progress=False)))
+        worker.start()
+        deadline = time.monotonic() + 120
+        while not free.is_file():
+            assert worker.is_alive() and time.monotonic() < deadline, "the study waited on held work"
+            time.sleep(0.1)
+        assert worker.is_alive() and not held.is_file() and RunDir(llama).read_meta() is None
+    worker.join(timeout=120)
+    assert not worker.is_alive() and done["r"].calibrated == 1 and done["r"].computed == 3 + 1 + 1
+    assert held.is_file() and len(list((llama / "cells").glob("*.json"))) == 3
+
+
 def test_status_counts_stored_and_missing_cells_without_running_anything(local_run, workspace, tmp_path, capsys):
     file = _study_file(workspace)
     fresh = ih.study_status(file, tmp_path / "nothing")

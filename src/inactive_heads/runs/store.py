@@ -75,6 +75,10 @@ class ResultStore:
             raise InactiveHeadsError(f"invalid cell key {key!r}")
         return self.root / f"{key}.json"
 
+    def _lock_path(self, key: str) -> Path:
+        self.path(key)  # validates the key
+        return self.root / f".{key}.lock"
+
     def _load(self, key: str) -> tuple[dict[str, Any] | None, str]:
         """The stored JSON object with every required field, or None and what is wrong with the file ('' when
         there is none)."""
@@ -133,12 +137,12 @@ class ResultStore:
         holder is done. Compute only when the block gets True and the cell is still missing (``has`` again: the
         holder may have just finished it). Without ``fcntl`` (Windows) every claim succeeds.
         """
-        self.path(key)  # validates the key
+        lock = self._lock_path(key)
         if fcntl is None:  # type: ignore[comparison-overlap,unused-ignore]
             yield True  # type: ignore[unreachable,unused-ignore]
             return
         self.root.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.root / f".{key}.lock", os.O_RDWR | os.O_CREAT, 0o644)
+        fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
         try:
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
@@ -150,6 +154,13 @@ class ResultStore:
             yield True
         finally:
             os.close(fd)  # releases the lock
+
+    def held(self, key: str) -> bool:
+        """Whether another process holds ``key``'s claim now (a snapshot: it may be taken or let go right after)."""
+        if fcntl is None or not self._lock_path(key).is_file():  # type: ignore[comparison-overlap,unused-ignore]
+            return False  # never claimed: without creating the lock file (nor the folder) for it
+        with self.claim(key) as mine:
+            return not mine
 
     def _stored(self) -> list[str]:
         """Keys of every cell file, complete or not, sorted."""

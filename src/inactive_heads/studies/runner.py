@@ -150,13 +150,17 @@ def _model_path(model: StudyModel) -> str:
 @dataclass(frozen=True)
 class _Calibrate:
     """The job recording a run's calibration; ``scores_only``: the run's cells are planned already, and this records
-    its calibration scores again (they are not kept with a committed study) for the report's analyses."""
+    its calibration scores again (they are not kept with a committed study) for the report's analyses. Returns True,
+    or None when another process is calibrating the run and ``wait`` is False."""
 
     run: _Run
     scores_only: bool = False
+    wait: bool = False
 
-    def __call__(self, worker: _Worker, bar: Bar) -> None:
+    def __call__(self, worker: _Worker, bar: Bar) -> bool | None:
         r, t = self.run, self.run.task
+        if not self.wait and RunDir(r.dir).cell_store().held("calibration"):
+            return None
         calibrate(
             worker.model,
             worker.tokenizer,
@@ -169,6 +173,7 @@ class _Calibrate:
             model_name=r.model.name,
             progress=r.bar(bar, "calibration"),
         )
+        return True
 
 
 @dataclass(frozen=True)
@@ -220,7 +225,7 @@ class _Search:
         try:
             return search()
         except ScoresNotStored:  # a probe at a new fraction in a run kept without its scores: record them, replay
-            _Calibrate(r, scores_only=True)(worker, bar)
+            _Calibrate(r, scores_only=True, wait=True)(worker, bar)
             return search()
 
 
@@ -402,6 +407,8 @@ def study(
     missing is not even loaded. A run directory kept without its calibration scores (``calibration/thresholds.json``
     still plans its cells) has them recorded again, after its missing cells, when the report is written. A changed
     study keeps the cells still part of it and adds the rest; the report shows only the current study's cells.
+    Processes may share ``out`` (one per core): each takes the calibrations, cells and searches no other holds, and
+    waits for a held one only once it has run everything else, of every model.
     """
     t0 = time.perf_counter()
     spec, out = _resolve(study, out, limit)
@@ -437,8 +444,14 @@ def study(
         load = _LoadModel(m, spec.plugins, os.environ.get(_CACHE_ENV))
         groups.append(WorkerGroup(m.name, load, m.resources, jobs))
     bar: Any = None
+    held: dict[str, list[Job]] = {}  # per model, the jobs another process held when this one reached them
 
     def on_result(group: WorkerGroup, job: Job, result: Any) -> list[Job]:
+        if result is None and isinstance(job, _Calibrate | _Cell | _Search):
+            # Waited for only after every other job of every model: a worker waiting at the end of one model's jobs
+            # would idle while the next model's are free.
+            held.setdefault(group.name, []).append(replace(job, wait=True))
+            return []
         if isinstance(job, _Calibrate) and job.scores_only:
             return []
         if isinstance(job, _Calibrate):
@@ -449,8 +462,6 @@ def study(
                 bar.total = plan.total
                 bar.update(plan.reused - reused)  # cells another process stored meanwhile
             return follow
-        if result is None and isinstance(job, _Cell | _Search):  # another process sharing the study directory holds it
-            return [replace(job, wait=True)]  # wait for it after the rest
         if isinstance(job, _Search):
             plan.searched += 1
         elif result:
@@ -466,7 +477,9 @@ def study(
             if progress:
                 bar = runner.bar(plan.total, f"study {spec.name}", initial=plan.reused)
             try:
-                runner.run(groups, on_result)
+                while groups:  # the held jobs, waited for; a calibration's cells may find others held again
+                    runner.run(groups, on_result)
+                    groups = [replace(g, jobs=held.pop(g.name)) for g in groups if g.name in held]
             finally:
                 if bar is not None:
                     bar.close()
