@@ -1,4 +1,5 @@
 import contextlib
+import itertools
 import json
 import re
 
@@ -6,13 +7,17 @@ import numpy as np
 import pytest
 import torch
 from _runs import make_cell, make_run
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from inactive_heads.report.compare import compare_runs, depth_w1_intervals, score_distances
+from inactive_heads.report.crossings import crossing_ranks
 from inactive_heads.report.document import render_table
 from inactive_heads.report.writer import _pairwise_w1, write_report, write_study_report
 from inactive_heads.runs.directory import RunDir, load_run
 from inactive_heads.scores import SCORE_FUNCTIONS, HeadScores
 from inactive_heads.stats.bootstrap import independent_counts
+from inactive_heads.stats.crossing import Crossing
 from inactive_heads.stats.curves import Curve, common_fraction_range, max_zeroed_within, normalized_auc
 
 _TARGETS = (0.0, 0.05, 0.10, 0.15, 0.20, 0.25, 0.30)
@@ -316,3 +321,33 @@ def test_markdown_escapes_raw_html_from_names():
     md = doc.markdown()
     assert "<img" not in md and "<script>" not in md
     assert "&lt;img src=x onerror=alert(1)&gt;" in md and "&amp; co" in md
+
+
+def _possible_ranks(values: list[tuple[int, bool]]) -> list[tuple[int, int]]:
+    """Brute force: the best and worst rank of each (value, censored) over every completion of the censored values
+    (any value above the bound, half-points included, so every order and tie with the others occurs) and every
+    order of ties."""
+    top = max(v for v, _ in values) + 1
+    choices = [[v] if not cens else [c / 2 for c in range(2 * v + 1, 2 * top + 1)] for v, cens in values]
+    best, worst = [len(values)] * len(values), [1] * len(values)
+    for true in itertools.product(*choices):
+        for i, v in enumerate(true):
+            best[i] = min(best[i], 1 + sum(o > v for o in true))
+            worst[i] = max(worst[i], len(true) - sum(o < v for o in true))
+    return list(zip(best, worst, strict=True))
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 4), st.booleans()), min_size=1, max_size=5), st.booleans())
+def test_crossing_ranks_are_every_rank_the_censored_crossings_allow(values, with_na):
+    crossings = {
+        f"f{i}": Crossing("censored" if cens else "estimated", v / 10, 0.0, v / 10, cens, 0.95, 0.01)
+        for i, (v, cens) in enumerate(values)
+    }
+    if with_na:
+        nan = float("nan")
+        crossings["none"] = Crossing("not_applicable", nan, nan, nan, False, 0.95, 0.01)
+    ranks = crossing_ranks(crossings)
+    assert "none" not in ranks  # n/a is never ranked
+    expected = [str(b) if b == w else f"{b}–{w}" for b, w in _possible_ranks(values)]
+    assert [ranks[f"f{i}"] for i in range(len(values))] == expected

@@ -199,7 +199,7 @@ def _print_crossings(run_dir: Path, searches: list[Any]) -> None:
         [
             s.score,
             format_crossing(s.crossing),
-            f"{ranks[s.score]:g}" if s.score in ranks else "–",
+            ranks.get(s.score, "–"),
             str(len(s.probes)),
             f"{s.items_evaluated:,}",
             f"{s.seconds:.0f}",

@@ -53,7 +53,8 @@ CROSSING_NOTE = (
     "with a 95% paired bootstrap interval over items. > X%: the fit stays within the tolerance up to X, the "
     "largest fraction probed (censored; an interval ending in > X has the same meaning for its upper end). n/a: "
     "the score function zeroes no head, so it has no crossing and is not ranked. Rank 1 tolerates most zeroing, by "
-    "the point estimate (a censored one by its bound); it orders estimates, it does not test their differences."
+    "the point estimate; a censored crossing > X ranks above estimates at or below X only, so where the order is "
+    "not known the rank is the range it may take (1–3). Ranks order estimates; they do not test their differences."
 )
 
 
@@ -131,12 +132,23 @@ def verdict_text(c: Comparison) -> str:
     return "significant" if c.significant else ("not significant" if c.stable else "too close to call")
 
 
-def crossing_ranks(crossings: Mapping[str, Crossing]) -> dict[str, float]:
-    """Rank of each score function with a crossing (1: tolerates most zeroing; ties share their mean rank), by the
-    point estimate; a function that zeroes no head (n/a) has none."""
-    ranked = {n: c.value for n, c in crossings.items() if c.state != "not_applicable"}
-    values = sorted(ranked.values(), reverse=True)
-    return {n: values.index(v) + (values.count(v) + 1) / 2 for n, v in ranked.items()}
+def crossing_ranks(crossings: Mapping[str, Crossing]) -> dict[str, str]:
+    """Rank of each score function with a crossing (1: tolerates most zeroing), by the point estimate. A censored
+    crossing ``> X`` is above every estimate at or below X and unordered against the rest, so where the order is not
+    known (ties included) the rank is the range the function may take ("1–3"). n/a has none."""
+    ranked = {n: c for n, c in crossings.items() if c.state != "not_applicable"}
+
+    def above(a: Crossing, b: Crossing) -> bool:
+        if b.state == "censored":
+            return False  # b may lie anywhere above its bound
+        return a.value >= b.value if a.state == "censored" else a.value > b.value
+
+    ranks = {}
+    for n, c in ranked.items():
+        best = 1 + sum(above(o, c) for o in ranked.values())
+        worst = len(ranked) - sum(above(c, o) for o in ranked.values())
+        ranks[n] = f"{best}" if best == worst else f"{best}–{worst}"
+    return ranks
 
 
 def crossings_section(doc: Document, run: RunData, tag: str) -> bool:
@@ -153,7 +165,7 @@ def crossings_section(doc: Document, run: RunData, tag: str) -> bool:
                     s.score,
                     score_label(s.score),
                     format_crossing(s.crossing),
-                    f"{ranks[s.score]:g}" if s.score in ranks else "–",
+                    ranks.get(s.score, "–"),
                     str(len(s.probes)),
                     s.stop.replace("_", " "),
                     f"{s.items_evaluated:,} ({s.items_evaluated / s.n_items:.1f} × {s.n_items:,})",
@@ -293,7 +305,7 @@ def grid_comparisons_section(doc: Document, run: RunData, *, seed: int = 0) -> N
     )
     doc.table(
         ["score", "label", "crossing [95% interval]", "rank"],
-        [[n, score_label(n), format_crossing(c), f"{ranks[n]:g}" if n in ranks else "–"] for n, c in crossings.items()],
+        [[n, score_label(n), format_crossing(c), ranks.get(n, "–")] for n, c in crossings.items()],
     )
     _comparison_table(doc, compare_crossings({n: r.probes for n, r in found.items()}, seed=seed), n_items)
 
@@ -314,7 +326,7 @@ def crossings_across(doc: Document, runs: Sequence[RunData]) -> None:
             cells = []
             for (_, f), rank in zip(shown, ranks, strict=True):
                 s = f.get(n)
-                ranked = f" ({rank[n]:g})" if n in rank else ""
+                ranked = f" ({rank[n]})" if n in rank else ""
                 cells.append("–" if s is None else format_crossing(s.crossing) + ranked)
             rows.append([n, score_label(n), *cells])
         doc.table(["score", "label", *(r.name for r, _ in shown)], rows)
