@@ -100,3 +100,15 @@ def test_version_of_a_source_tree_without_metadata_is_pyprojects():
     with pyproject.open("rb") as f:
         declared = tomllib.load(f)["project"]["version"]
     assert _version._from_source_tree() == declared == ih.__version__
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_a_scores_file_ending_in_xz_reads_back_as_the_plain_file(tmp_path, dtype):
+    scores = ih.HeadScores({"awft": torch.rand(5, 3, 4), "ahon": torch.rand(5, 3, 4) * 100}, {"task": "piqa", "n": 5})
+    plain, packed = tmp_path / "s.safetensors", tmp_path / "s.safetensors.xz"
+    scores.save(plain, dtype=dtype)
+    scores.save(packed, dtype=dtype)
+    a, b = ih.HeadScores.load(plain), ih.HeadScores.load(packed)
+    assert b.meta == a.meta == {"task": "piqa", "n": 5} and b.names == a.names == ["ahon", "awft"]
+    assert all(torch.equal(a[n], b[n]) and b[n].dtype == torch.float32 for n in a.names)
+    assert packed.read_bytes().startswith(b"\xfd7zXZ") and not plain.read_bytes().startswith(b"\xfd7zXZ")

@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import csv
 import json
+import lzma
 import os
 import re
 import shutil
@@ -299,7 +300,7 @@ def test_a_study_kept_without_its_calibration_scores_resumes_from_its_thresholds
 def test_compact_scores_are_float16_copies_that_reports_read_alone(local_run, workspace, tmp_path):
     """``compact_scores = true`` keeps each run's scores of the study's functions as float16. Reports read the copy
     wherever it is, so removing the full scores changes no report byte and needs no calibration pass."""
-    from safetensors import safe_open
+    from safetensors.torch import load
 
     out = tmp_path / "study"
     shutil.copytree(local_run.out, out, copy_function=shutil.copy2)
@@ -311,10 +312,9 @@ def test_compact_scores_are_float16_copies_that_reports_read_alone(local_run, wo
         rd = RunDir(r)
         full = rd.read_scores()
         assert full is not None
-        with safe_open(str(rd.compact_scores_path), "pt") as f:
-            names = f.keys()
-            assert sorted(names) == ["ahon_ln", "ahon_sq"]
-            assert {f.get_slice(k).get_dtype() for k in names} == {"F16"}
+        stored = load(lzma.decompress(rd.compact_scores_path.read_bytes()))  # the file is compressed safetensors
+        assert sorted(stored) == ["ahon_ln", "ahon_sq"]
+        assert {t.dtype for t in stored.values()} == {torch.float16}
         kept = load_run(r).scores
         assert kept is not None and kept.meta == full.meta
         derived = full.derive(["ahon_sq"])
@@ -404,6 +404,7 @@ def test_a_compact_copy_refuses_scores_beyond_float16(tmp_path):
         rd.write_compact_scores(["ahon"])
     with pytest.raises(ih.InactiveHeadsError, match="float32 or float16"):
         scores.save(tmp_path / "x.safetensors", dtype=torch.bfloat16)
+    assert rd.compact_scores_path.read_bytes().startswith(b"\xfd7zXZ")  # lzma's xz container
     rd.scores_path.unlink()
     assert not rd.write_compact_scores(["random"])  # nothing to copy from
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import inspect
 import json
+import lzma
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -249,7 +250,7 @@ class HeadScores(Mapping[str, torch.Tensor]):
 
     def save(self, path: str | Path, *, dtype: torch.dtype = torch.float32) -> None:
         """Write ``path`` (safetensors, metadata inside) atomically; ``dtype`` (float32 or float16) is what the
-        file stores (:meth:`load` reads either back as float32)."""
+        file stores (:meth:`load` reads either back as float32). A path ending in ``.xz`` is compressed (lzma)."""
         from safetensors.torch import save
 
         from .atomic import atomic_write_bytes
@@ -257,18 +258,30 @@ class HeadScores(Mapping[str, torch.Tensor]):
         if dtype not in (torch.float32, torch.float16):
             raise InactiveHeadsError(f"scores are stored as float32 or float16, got {dtype}")
         tensors = {k: v.to(dtype).contiguous() for k, v in self._tensors.items()}
-        atomic_write_bytes(Path(path), save(tensors, {"meta": json.dumps(self.meta)}))
+        data = save(tensors, {"meta": json.dumps(self.meta)})
+        atomic_write_bytes(Path(path), lzma.compress(data) if Path(path).suffix == ".xz" else data)
 
     @classmethod
     def load(cls, path: str | Path) -> HeadScores:
+        """Read a file written by :meth:`save` (compressed when its name ends in ``.xz``)."""
         from safetensors import safe_open
+        from safetensors.torch import load
 
         path = Path(path)
         if not path.is_file():
             raise FileNotFoundError(f"no scores file at {path}; record one with ih.record_scores(...).save(path)")
-        with safe_open(str(path), "pt") as f:
-            meta = json.loads((f.metadata() or {}).get("meta", "{}"))
-        return cls(load_file(str(path)), meta)
+        if path.suffix == ".xz":
+            data = lzma.decompress(path.read_bytes())
+            # safetensors: an 8-byte little-endian header length, then the JSON header holding the metadata.
+            header = json.loads(data[8 : 8 + int.from_bytes(data[:8], "little")])
+            tensors, meta = load(data), json.loads(header.get("__metadata__", {}).get("meta", "{}"))
+        else:
+            with safe_open(str(path), "pt") as f:
+                meta = json.loads((f.metadata() or {}).get("meta", "{}"))
+            tensors = load_file(str(path))
+        # Sorted: the reader's order is not the file's (loading from bytes varies between processes), and reports
+        # list scores in this order.
+        return cls({k: tensors[k] for k in sorted(tensors)}, meta)
 
     def __repr__(self) -> str:
         rows, layers, heads = self.shape

@@ -5,9 +5,10 @@ Layout::
     run.json                        the run record, see RUN_FIELDS: {model: {name, identity}, task, task_items,
                                      evaluation (EvalConfig.identity()), package_version, n_layers, n_heads}
     calibration/scores.safetensors  HeadScores.save of the calibration pass
-    calibration/scores.float16.safetensors
-                                    optional compact copy: the scores a study names, as float16, small enough to
-                                     commit; reports read it in preference to the full file (see read_report_scores)
+    calibration/scores.float16.safetensors.xz
+                                    optional compact copy: the scores a study names, as float16, lzma-compressed,
+                                     small enough to commit; reports read it in preference to the full file (see
+                                     read_report_scores)
     calibration/scores.float16.json in place of the copy where another run of the study holds the very same one
                                      (one calibration recorded twice): {same_as: its path, relative; sha256: of
                                      its tensors}
@@ -328,15 +329,13 @@ CELL_FIELDS = tuple(f.name for f in fields(Cell) if f.default is MISSING)
 
 
 def _compact_digest(path: Path) -> str:
-    """sha256 of a scores file's tensors (names, dtypes, shapes, values), whatever its metadata says."""
-    from safetensors import safe_open
-
+    """sha256 of a compact scores file's tensors (names, dtypes, shapes, values), whatever its metadata says."""
+    scores = HeadScores.load(path)
     h = hashlib.sha256()
-    with safe_open(str(path), "pt") as f:
-        for name in sorted(f.keys()):
-            tensor = f.get_tensor(name)
-            h.update(f"{name}:{tensor.dtype}:{tuple(tensor.shape)}".encode())
-            h.update(tensor.reshape(-1).view(torch.uint8).numpy().tobytes())
+    for name in sorted(scores.names):
+        tensor = scores[name].to(torch.float16)  # the stored values: float16 -> float32 -> float16 is exact
+        h.update(f"{name}:{tensor.dtype}:{tuple(tensor.shape)}".encode())
+        h.update(tensor.reshape(-1).view(torch.uint8).numpy().tobytes())
     return h.hexdigest()
 
 
@@ -371,7 +370,7 @@ class RunDir:
 
     @property
     def compact_scores_path(self) -> Path:
-        return self.root / "calibration" / "scores.float16.safetensors"
+        return self.root / "calibration" / "scores.float16.safetensors.xz"
 
     @property
     def compact_reference_path(self) -> Path:

@@ -88,7 +88,7 @@ class Study:
     plugins: tuple[str, ...] = ()
     pairs: tuple[tuple[str, str], ...] = ()
     series: tuple[tuple[str, tuple[str, ...]], ...] = ()
-    # Keep each run's calibration scores of the study's functions as float16 (calibration/scores.float16.safetensors).
+    # Keep each run's calibration scores of the study's functions in float16 (calibration/scores.float16.safetensors.xz)
     compact_scores: bool = False
 
     @property
