@@ -433,5 +433,6 @@ def test_adaptive_study_end_to_end(tmp_path, capsys):
 
 def test_a_p_no_resample_went_against_is_printed_as_the_bound_it_supports():
     assert p_text(0.0132, 1000) == "0.013" and p_text(1.0, 1000, 3) == "1.000"
+    assert p_text(0.00018, 100_000) == "0.00018" and p_text(6e-5, 100_000) == "0.000060"  # small, never "0.000"
     # 0 of R resamples against: by the rule of three the share is below 3 / R (95%), so p below 6 / R.
     assert p_text(0.0, 1000) == "< 0.006" and p_text(0.0, 1000, 3) == "< 0.018" and p_text(0.0, 100_000) == "< 0.00006"

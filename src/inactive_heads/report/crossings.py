@@ -120,10 +120,13 @@ def difference_text(c: Comparison) -> str:
 
 
 def p_text(p: float, resamples: int, factor: int = 1) -> str:
-    """A bootstrap p to 3 decimals; where no resample went against the pair, the bound it supports instead: below
-    twice the rule of three's 3 / resamples, times ``factor`` (Holm's largest, the pairs, for an adjusted p)."""
-    if p > 0:
+    """A bootstrap p to 3 decimals (below 0.001, to 2 significant digits: never a bare "0.000"); where no resample
+    went against the pair, the bound it supports instead: below twice the rule of three's 3 / resamples, times
+    ``factor`` (Holm's largest, the pairs, for an adjusted p)."""
+    if p >= 0.001:
         return f"{p:.3f}"
+    if p > 0:
+        return f"{p:.{1 - math.floor(math.log10(p))}f}"
     bound = min(1.0, 6 * factor / resamples)
     return f"< {bound:.{max(3, -math.floor(math.log10(bound)))}f}"
 
