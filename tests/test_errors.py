@@ -188,6 +188,15 @@ def test_bad_plugin_score_is_named(bad_score, fn, message):
         model(**batch)
 
 
+@pytest.mark.parametrize("name", ["scores.safetensors", "scores.float16.safetensors.xz"])
+def test_a_file_that_is_not_a_scores_file_is_named_with_the_fix(tmp_path, name):
+    path = tmp_path / name
+    HeadScores({"ahon": torch.rand(2, 3, 4)}).save(path)
+    path.write_bytes(path.read_bytes()[:40])  # cut short, as by a failed copy
+    with pytest.raises(ih.InactiveHeadsError, match=r"is not a scores file written by HeadScores\.save .*record the"):
+        HeadScores.load(path)
+
+
 # --- command line ------------------------------------------------------------------------------------------------
 
 

@@ -264,21 +264,27 @@ class HeadScores(Mapping[str, torch.Tensor]):
     @classmethod
     def load(cls, path: str | Path) -> HeadScores:
         """Read a file written by :meth:`save` (compressed when its name ends in ``.xz``)."""
-        from safetensors import safe_open
+        from safetensors import SafetensorError, safe_open
         from safetensors.torch import load
 
         path = Path(path)
         if not path.is_file():
             raise FileNotFoundError(f"no scores file at {path}; record one with ih.record_scores(...).save(path)")
-        if path.suffix == ".xz":
-            data = lzma.decompress(path.read_bytes())
-            # safetensors: an 8-byte little-endian header length, then the JSON header holding the metadata.
-            header = json.loads(data[8 : 8 + int.from_bytes(data[:8], "little")])
-            tensors, meta = load(data), json.loads(header.get("__metadata__", {}).get("meta", "{}"))
-        else:
-            with safe_open(str(path), "pt") as f:
-                meta = json.loads((f.metadata() or {}).get("meta", "{}"))
-            tensors = load_file(str(path))
+        try:
+            if path.suffix == ".xz":
+                data = lzma.decompress(path.read_bytes())
+                # safetensors: an 8-byte little-endian header length, then the JSON header holding the metadata.
+                header = json.loads(data[8 : 8 + int.from_bytes(data[:8], "little")])
+                tensors, meta = load(data), json.loads(header.get("__metadata__", {}).get("meta", "{}"))
+            else:
+                with safe_open(str(path), "pt") as f:
+                    meta = json.loads((f.metadata() or {}).get("meta", "{}"))
+                tensors = load_file(str(path))
+        except (lzma.LZMAError, SafetensorError, UnicodeDecodeError, json.JSONDecodeError) as e:
+            raise InactiveHeadsError(
+                f"{path} is not a scores file written by HeadScores.save ({e}); record the scores again "
+                "(ih.record_scores(...).save(path), or calibrate the run again)"
+            ) from None
         # Sorted: the reader's order is not the file's (loading from bytes varies between processes), and reports
         # list scores in this order.
         return cls({k: tensors[k] for k in sorted(tensors)}, meta)
